@@ -1,0 +1,175 @@
+"""pytest wiring of the conformance suite: card parametrization and the
+session-scoped fixtures that hand out one engine per model. The machinery itself
+lives in fixtures/."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from fixtures import cards as card_catalog
+from fixtures.cards import Card, CardError
+from fixtures.platform import Platform, detect
+from fixtures.precision import TargetResult, compare, run_target, summary_line
+from fixtures.reference import ReferenceResult, reference_results, tokenize_prompts
+from fixtures.report import PrecisionReport
+from fixtures.target import EngineBootError, VllmRunner
+from fixtures.weights import WeightsUnavailable, resolve
+
+REPORT = pytest.StashKey[PrecisionReport]()
+SELECTED = pytest.StashKey[dict[str, Card]]()
+CATALOG = pytest.StashKey[dict[str, Card]]()
+
+
+def _select(config: pytest.Config, catalog: dict[str, Card]) -> dict[str, Card]:
+    names = config.getoption("model")
+    unknown = [n for n in names if n not in catalog]
+    if unknown:
+        raise pytest.UsageError(f"unknown --model {unknown}; cards: {', '.join(sorted(catalog))}")
+    selected = {n: catalog[n] for n in names}
+    if path := config.getoption("model_path"):
+        try:
+            adhoc = card_catalog.adhoc_card(path.resolve())
+        except CardError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        selected[adhoc.name] = adhoc
+    if not selected:
+        selected = {n: c for n, c in catalog.items() if c.default}
+    if ref := config.getoption("reference_path"):
+        source = card_catalog.WeightSource("path", str(ref.resolve()))
+        selected = {n: dataclasses.replace(c, reference_weights=source) for n, c in selected.items()}
+    return selected
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        catalog = card_catalog.load_catalog()
+    except CardError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[CATALOG] = catalog
+    config.stash[SELECTED] = _select(config, catalog)
+    config.stash[REPORT] = PrecisionReport()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize by card (session scope, so pytest groups a card's tests and
+    boots its engine once) and, where asked, by the card's prompts."""
+    if "card" not in metafunc.fixturenames:
+        return
+    config = metafunc.config
+    if metafunc.definition.get_closest_marker("sensitivity"):
+        # Known-buggy cards run when nothing was selected, or when named.
+        explicit = config.getoption("model") or config.getoption("model_path")
+        pool = config.stash[SELECTED] if explicit else config.stash[CATALOG]
+        cards = [c for c in pool.values() if c.expect.verdict == "fail"]
+    else:
+        cards = [c for c in config.stash[SELECTED].values() if c.expect.verdict == "pass"]
+    if "prompt_id" in metafunc.fixturenames:
+        pairs = [(c.name, p.id) for c in cards for p in c.prompts]
+        metafunc.parametrize(["card", "prompt_id"], pairs, indirect=["card"], scope="session",
+                             ids=[f"{c}-{p}" for c, p in pairs])
+    else:
+        metafunc.parametrize("card", [c.name for c in cards], indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def platform() -> Platform:
+    return detect()
+
+
+@pytest.fixture(scope="session")
+def report(pytestconfig: pytest.Config) -> PrecisionReport:
+    return pytestconfig.stash[REPORT]
+
+
+@pytest.fixture(scope="session")
+def card(request: pytest.FixtureRequest) -> Card:
+    config = request.config
+    return {**config.stash[CATALOG], **config.stash[SELECTED]}[request.param]
+
+
+def _checkpoint(config: pytest.Config, source: card_catalog.WeightSource) -> Path:
+    try:
+        return resolve(source, config.getoption("cache_dir"), config.getoption("weights_dir"), config.getoption("offline"))
+    except WeightsUnavailable as exc:
+        pytest.skip(f"weights unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def checkpoint(card: Card, pytestconfig: pytest.Config) -> Path:
+    return _checkpoint(pytestconfig, card.weights)
+
+
+@pytest.fixture(scope="session")
+def reference_checkpoint(card: Card, checkpoint: Path, pytestconfig: pytest.Config) -> Path:
+    return _checkpoint(pytestconfig, card.reference_weights) if card.reference_weights else checkpoint
+
+
+@pytest.fixture(scope="session")
+def reference(card: Card, checkpoint: Path, reference_checkpoint: Path, pytestconfig: pytest.Config) -> dict[str, ReferenceResult]:
+    # The target's tokenizer makes the token ids both sides see: tokenization is not under test.
+    prompts = tokenize_prompts(checkpoint, card.prompts, card.trust_remote_code)
+    return reference_results(reference_checkpoint, card.reference_dtype, card.trust_remote_code,
+                             prompts, card.max_tokens, pytestconfig.getoption("cache_dir"))
+
+
+@pytest.fixture(scope="session")
+def target(card: Card, checkpoint: Path, platform: Platform, report: PrecisionReport,
+           pytestconfig: pytest.Config) -> Iterator[VllmRunner]:
+    runner = VllmRunner(
+        checkpoint,
+        dtype=card.dtype,
+        trust_remote_code=card.trust_remote_code,
+        engine_args=card.engine_args(platform.name),
+        env=card.env(platform.name),
+        boot_timeout_s=pytestconfig.getoption("boot_timeout"),
+        request_timeout_s=pytestconfig.getoption("request_timeout"),
+    )
+    try:
+        with runner:
+            report.model(card)["load_time_s"] = runner.load_time_s
+            yield runner
+    except EngineBootError as exc:
+        report.add_error(card, str(exc))
+        raise
+
+
+@pytest.fixture(scope="session")
+def precision_results(card: Card, reference: dict[str, ReferenceResult], target: VllmRunner,
+                      report: PrecisionReport) -> dict[str, dict[str, Any]]:
+    """Every prompt's comparison for the card, computed once and recorded in the report."""
+    outputs: dict[str, TargetResult] = run_target(target, reference, card.max_tokens)
+    texts = {p.id: p.text for p in card.prompts}
+    results = {}
+    for pid, ref in reference.items():
+        results[pid] = compare(ref, outputs[pid], card.thresholds)
+        results[pid]["reference_tokens"] = ref.tokens
+        results[pid]["target_tokens"] = outputs[pid].tokens
+        report.add_prompt(card, pid, texts[pid], results[pid])
+    return results
+
+
+REPORT_PATH = pytest.StashKey[Path]()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    report = config.stash.get(REPORT, None)
+    if report is not None and report.models:
+        config.stash[REPORT_PATH] = report.write(config.getoption("report_dir"), detect())
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    report = config.stash.get(REPORT, None)
+    if report is None or not report.models:
+        return
+    terminalreporter.section("precision conformance")
+    for name, entry in report.models.items():
+        if entry["prompts"]:
+            terminalreporter.line(summary_line(name, entry["prompts"]))
+        for error in entry["errors"]:
+            terminalreporter.line(f"ERROR {name}: {error.splitlines()[0]}")
+    terminalreporter.line(f"report: {config.stash[REPORT_PATH]}")

@@ -1,0 +1,44 @@
+"""Precision conformance: the target engine against the CPU transformers reference,
+per card and prompt, on the card's thresholds (defaults: tie-aware Top-1 match,
+logprob relative error < 1%, cosine of raw logits > 0.9999, greedy agreement)."""
+
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.precision
+
+
+def _figures(result: dict[str, Any]) -> str:
+    keys = ("top1_rate", "logprob_rel_err_max", "max_abs_logprob_err", "cosine_min", "kl_max", "greedy_prefix", "greedy_len")
+    return ", ".join(f"{k}={result[k]:.6g}" for k in keys)
+
+
+def _check(precision_results: dict[str, dict[str, Any]], prompt_id: str, name: str) -> None:
+    result = precision_results[prompt_id]
+    check = result["checks"][name]
+    assert check["passed"], (
+        f"{name}: {check['value']:.6g} vs threshold {check['threshold']:.6g} ({check['rule']}); {_figures(result)}"
+    )
+
+
+def test_top1_match(precision_results, prompt_id):
+    """The target's argmax equals the reference's at every teacher-forced position (near-ties excepted)."""
+    result = precision_results[prompt_id]
+    assert result["top1_first"], f"first generated token differs from the reference; {_figures(result)}"
+    _check(precision_results, prompt_id, "top1")
+
+
+def test_logprob_error(precision_results, prompt_id):
+    _check(precision_results, prompt_id, "logprob_rel_err")
+
+
+def test_logits_cosine(precision_results, prompt_id):
+    _check(precision_results, prompt_id, "cosine")
+
+
+def test_greedy_agreement(precision_results, prompt_id):
+    """Free-running greedy output equals the reference's, or first diverges at a reference near-tie."""
+    result = precision_results[prompt_id]
+    _check(precision_results, prompt_id, "greedy")
+    assert result["greedy_len"] == len(result["reference_tokens"]), "target produced a different number of tokens"
