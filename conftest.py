@@ -20,6 +20,7 @@ from fixtures.target import EngineBootError, VllmRunner
 from fixtures.weights import WeightsUnavailable, resolve
 
 REPORT = pytest.StashKey[PrecisionReport]()
+REPORT_PATH = pytest.StashKey[Path]()
 SELECTED = pytest.StashKey[dict[str, Card]]()
 CATALOG = pytest.StashKey[dict[str, Card]]()
 
@@ -152,7 +153,15 @@ def precision_results(card: Card, reference: dict[str, ReferenceResult], target:
     return results
 
 
-REPORT_PATH = pytest.StashKey[Path]()
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    """Keep each phase's report on the item (item.rep_setup / rep_call), so a
+    fixture's teardown can record the verdict of the test it served."""
+    rep = yield
+    setattr(item, f"rep_{rep.when}", rep)
+    return rep
+
+
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
