@@ -10,6 +10,7 @@ from typing import Any, Iterator
 
 import pytest
 
+import patches
 from fixtures import cards as card_catalog
 from fixtures.cards import Card, CardError
 from fixtures.platform import Platform, detect
@@ -129,9 +130,15 @@ def target(card: Card, checkpoint: Path, platform: Platform, report: PrecisionRe
         boot_timeout_s=pytestconfig.getoption("boot_timeout"),
         request_timeout_s=pytestconfig.getoption("request_timeout"),
     )
+    loads = len(patches.applied())
     try:
         with runner:
-            report.model(card)["load_time_s"] = runner.load_time_s
+            entry = report.model(card)
+            entry["load_time_s"] = runner.load_time_s
+            # What the load-time patches did for this engine: recorded in the process
+            # that loaded the weights (this one, with the in-process engine); empty
+            # with a multiprocess engine or when no patch ran.
+            entry["patches"] = patches.applied()[loads:]
             yield runner
     except EngineBootError as exc:
         report.add_error(card, str(exc))

@@ -81,7 +81,7 @@ def test_logprob_rel_err_known_answer():
     ref = np.array([[0.0, 0.0]])  # lp = -log 2 each
     tgt = np.array([[math.log(3.0), 0.0]])  # p = 3/4, 1/4
     # token 0: log(1.5)/log 2 ~ 0.585; token 1: log 2 / log 2 = 1
-    np.testing.assert_allclose(m.logprob_rel_err(ref, tgt, 2, 1e-6), [1.0])
+    np.testing.assert_allclose(m.logprob_rel_err(ref, tgt, 2, 1e-6), [[math.log(1.5) / math.log(2.0), 1.0]])
     np.testing.assert_allclose(m.max_abs_logprob_err(ref, tgt, 2), [math.log(2.0)])
 
 
@@ -90,8 +90,8 @@ def test_floor_guards_confident_top1():
     tgt = np.array([[19.0] + [0.0] * 9])  # lp_top ~ -5.6e-8: tiny absolute change
     abs_err = m.max_abs_logprob_err(ref, tgt, 1)[0]
     assert abs_err < 1e-7
-    assert m.logprob_rel_err(ref, tgt, 1, 1.0)[0] == pytest.approx(abs_err)
-    assert m.logprob_rel_err(ref, tgt, 1, 1e-12)[0] > 1.0  # unfloored: noise looks like a 170% error
+    assert m.logprob_rel_err(ref, tgt, 1, 1.0)[0, 0] == pytest.approx(abs_err)
+    assert m.logprob_rel_err(ref, tgt, 1, 1e-12)[0, 0] > 1.0  # unfloored: noise looks like a 170% error
 
 
 def test_floor_irrelevant_when_logprobs_are_large():
@@ -200,7 +200,8 @@ def test_compare_verdicts_flip_at_thresholds(case):
         return m.compare(ref, tgt, tokens, tokens, ref, _thresholds(**kw))
 
     r = run()
-    rel, cos = r["logprob_rel_err_max"], r["cosine_min"]
+    rel, cos = r["logprob_rel_err_mean"], r["cosine_mean"]
+    assert r["logprob_rel_err_max"] > rel and r["cosine_min"] < cos  # the worst figures are reported too
     assert run(logprob_rel_err=rel * 1.001)["checks"]["logprob_rel_err"]["passed"]
     assert not run(logprob_rel_err=rel)["checks"]["logprob_rel_err"]["passed"]
     assert run(cosine=cos - 1e-9)["checks"]["cosine"]["passed"]
