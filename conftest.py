@@ -13,6 +13,7 @@ import pytest
 import patches
 from fixtures import cards as card_catalog
 from fixtures.cards import Card, CardError
+from fixtures.perf import perf_batch_sizes
 from fixtures.platform import Platform, detect
 from fixtures.precision import TargetResult, compare, run_target, summary_line
 from fixtures.reference import ReferenceResult, reference_results, tokenize_prompts
@@ -58,7 +59,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrize by card (session scope, so pytest groups a card's tests and
-    boots its engine once) and, where asked, by the card's prompts."""
+    boots its engine once) and, where asked, by the card's prompts or by its perf
+    batch sizes (those of every platform: no platform detection at collection)."""
     if "card" not in metafunc.fixturenames:
         return
     config = metafunc.config
@@ -69,10 +71,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         cards = [c for c in pool.values() if c.expect.verdict == "fail"]
     else:
         cards = [c for c in config.stash[SELECTED].values() if c.expect.verdict == "pass"]
-    if "prompt_id" in metafunc.fixturenames:
-        pairs = [(c.name, p.id) for c in cards for p in c.prompts]
-        metafunc.parametrize(["card", "prompt_id"], pairs, indirect=["card"], scope="session",
-                             ids=[f"{c}-{p}" for c, p in pairs])
+    # The second parameter's value carries the card's name: pytest groups a
+    # session's tests by parameter value, and a bare prompt id or batch size shared
+    # by two cards would interleave their tests and boot each engine again.
+    if "prompt_case" in metafunc.fixturenames:
+        pairs = [(c.name, (c.name, p.id)) for c in cards for p in c.prompts]
+        metafunc.parametrize(["card", "prompt_case"], pairs, indirect=["card"], scope="session",
+                             ids=[f"{c}-{p}" for c, (_, p) in pairs])
+    elif "perf_case" in metafunc.fixturenames:
+        pairs = [(c.name, (c.name, b)) for c in cards for b in perf_batch_sizes(c)]
+        metafunc.parametrize(["card", "perf_case"], pairs, indirect=["card"], scope="session",
+                             ids=[f"{c}-bs{b}" if b else c for c, (_, b) in pairs])
     else:
         metafunc.parametrize("card", [c.name for c in cards], indirect=True, scope="session")
 
@@ -80,6 +89,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture(scope="session")
 def platform() -> Platform:
     return detect()
+
+
+@pytest.fixture
+def prompt_id(prompt_case: tuple[str, str]) -> str:
+    return prompt_case[1]
 
 
 @pytest.fixture(scope="session")
@@ -174,13 +188,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
     report = config.stash.get(REPORT, None)
-    if report is not None and report.models:
+    if report is not None and report.ran_precision():
         config.stash[REPORT_PATH] = report.write(config.getoption("report_dir"), detect())
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     report = config.stash.get(REPORT, None)
-    if report is None or not report.models:
+    if report is None or not report.ran_precision():
         return
     terminalreporter.section("precision conformance")
     for name, entry in report.models.items():
