@@ -18,6 +18,7 @@ from fixtures.platform import Platform, detect
 from fixtures.precision import TargetResult, compare, run_target, summary_line
 from fixtures.reference import ReferenceResult, reference_results, tokenize_prompts
 from fixtures.report import PrecisionReport
+from fixtures.serving import serve_spec
 from fixtures.target import EngineBootError, VllmRunner
 from fixtures.weights import WeightsUnavailable, resolve
 
@@ -71,6 +72,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         cards = [c for c in pool.values() if c.expect.verdict == "fail"]
     else:
         cards = [c for c in config.stash[SELECTED].values() if c.expect.verdict == "pass"]
+    if metafunc.definition.get_closest_marker("serving"):
+        cards = [c for c in cards if serve_spec(c).run]
     # The second parameter's value carries the card's name: pytest groups a
     # session's tests by parameter value, and a bare prompt id or batch size shared
     # by two cards would interleave their tests and boot each engine again.
