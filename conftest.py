@@ -5,12 +5,14 @@ lives in fixtures/."""
 from __future__ import annotations
 
 import dataclasses
+import traceback
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
 import patches
+import reports
 from fixtures import cards as card_catalog
 from fixtures.cards import Card, CardError
 from fixtures.perf import perf_batch_sizes
@@ -24,6 +26,8 @@ from fixtures.weights import WeightsUnavailable, resolve
 
 REPORT = pytest.StashKey[PrecisionReport]()
 REPORT_PATH = pytest.StashKey[Path]()
+RENDERED = pytest.StashKey[list[Path]]()
+RENDER_ERROR = pytest.StashKey[str]()
 SELECTED = pytest.StashKey[dict[str, Card]]()
 CATALOG = pytest.StashKey[dict[str, Card]]()
 
@@ -152,6 +156,8 @@ def target(card: Card, checkpoint: Path, platform: Platform, report: PrecisionRe
         with runner:
             entry = report.model(card)
             entry["load_time_s"] = runner.load_time_s
+            # The renderer decodes the run's token ids with this checkpoint's tokenizer.
+            entry["checkpoint"] = str(checkpoint)
             # What the load-time patches did for this engine: recorded in the process
             # that loaded the weights (this one, with the in-process engine); empty
             # with a multiprocess engine or when no patch ran.
@@ -189,15 +195,36 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    # Runs after pytest-benchmark's hookwrapper has written --benchmark-json, and after
+    # the session fixtures' teardown has written perf_report.json.
     config = session.config
     report = config.stash.get(REPORT, None)
-    if report is not None and report.ran_precision():
-        config.stash[REPORT_PATH] = report.write(config.getoption("report_dir"), detect())
+    report_dir = config.getoption("report_dir")
+    # Written whenever a model was seen: a serving-only run's verdicts live there too.
+    if report is not None and report.models:
+        config.stash[REPORT_PATH] = report.write(report_dir, detect())
+    # Only a run that booted engines renders: a unit-only run must not re-render
+    # an earlier run's files in the same directory.
+    if REPORT_PATH in config.stash:
+        try:
+            config.stash[RENDERED] = reports.render(report_dir, benchmark_json=config.getoption("benchmark_json", None))
+        except Exception:  # noqa: BLE001 - a rendering bug must not hide the test results
+            config.stash[RENDER_ERROR] = traceback.format_exc()
+
+
+def _render_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if RENDER_ERROR in config.stash:
+        terminalreporter.section("report rendering FAILED", red=True)
+        terminalreporter.line(config.stash[RENDER_ERROR], red=True)
+        terminalreporter.line(f"the JSON reports are intact; retry with: python -m reports {config.getoption('report_dir')}")
+    for path in config.stash.get(RENDERED, []):
+        terminalreporter.line(f"rendered: {path}")
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     report = config.stash.get(REPORT, None)
     if report is None or not report.ran_precision():
+        _render_summary(terminalreporter, config)
         return
     terminalreporter.section("precision conformance")
     for name, entry in report.models.items():
@@ -206,3 +233,4 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         for error in entry["errors"]:
             terminalreporter.line(f"ERROR {name}: {error.splitlines()[0]}")
     terminalreporter.line(f"report: {config.stash[REPORT_PATH]}")
+    _render_summary(terminalreporter, config)

@@ -224,3 +224,9 @@ def test_compare_greedy_check(case):
     assert greedy(flipped, greedy_min_ratio=0.5) == (True, 0.5)
     assert greedy(flipped, greedy_min_ratio=0.51) == (False, 0.5)
     assert greedy(real, greedy_min_ratio=0.0) == (False, 0.5)
+
+
+def test_top_probs_orders_tokens_by_probability():
+    rows = m.top_probs(np.array([0.0, 2.0, 1.0, -1.0]), 2)
+    assert [r[0] for r in rows] == [1, 2]
+    assert rows[0][1] == pytest.approx(math.exp(2) / sum(math.exp(x) for x in (0, 2, 1, -1)))

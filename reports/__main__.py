@@ -1,0 +1,30 @@
+"""`python -m reports <dir> [--lang zh]`: re-render a report directory from its JSON; nothing is rerun."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from reports import LANGS, render
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m reports", description=__doc__)
+    parser.add_argument("report_dir", type=Path, help="a run's report directory (holds precision_report.json)")
+    parser.add_argument("--lang", choices=LANGS, default="en")
+    parser.add_argument("--benchmark-json", type=Path, help="pytest-benchmark JSON kept outside the report directory")
+    args = parser.parse_args(argv)
+    if not args.report_dir.is_dir():
+        parser.error(f"{args.report_dir} is not a directory")
+    paths = render(args.report_dir, args.lang, args.benchmark_json)
+    if not paths:
+        print(f"{args.report_dir}: no precision_report.json or perf_report.json with models", file=sys.stderr)
+        return 1
+    for path in paths:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

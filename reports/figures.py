@@ -1,0 +1,90 @@
+"""The report's pictures, drawn from the run's JSON figures with matplotlib (Agg:
+no display on CI machines)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
+import yaml  # noqa: E402
+
+LABELS_FILE = Path(__file__).parent / "figures.yaml"
+
+
+@lru_cache(maxsize=1)
+def labels() -> dict[str, Any]:
+    return yaml.safe_load(LABELS_FILE.read_text(encoding="utf-8"))
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=labels()["dpi"])
+    plt.close(fig)
+    return path
+
+
+def _figure() -> tuple[Any, Any]:
+    return plt.subplots(figsize=labels()["size_in"])
+
+
+def throughput(cases: list[dict[str, Any]], directory: Path) -> Path:
+    """Output tok/s per batch size, with the card's floor and the roofline where the cases carry them."""
+    lab = labels()["throughput"]
+    cases = sorted(cases, key=lambda c: c["batch_size"])
+    batches = [c["batch_size"] for c in cases]
+    fig, ax = _figure()
+    ax.plot(batches, [c["output_tok_s"] for c in cases], "o-", label=lab["measured"])
+    ax.plot(batches, [c["output_tok_s_median"] for c in cases], "s:", label=lab["median"])
+    floors = [(c["batch_size"], c["floor_tok_s"]) for c in cases if c.get("floor_tok_s") is not None]
+    if floors:
+        ax.plot(*zip(*floors), "v--", color="tab:red", label=lab["floor"])
+    roofs = [(c["batch_size"], c["roofline_tok_s"]) for c in cases if c.get("roofline_tok_s") is not None]
+    if roofs:
+        ax.plot(*zip(*roofs), "^-.", color="tab:gray", label=lab["roofline"])
+    # Measured figures and the roofline can differ by orders of magnitude on CPU.
+    ax.set_yscale("log")
+    ax.set_xticks(batches)
+    ax.set(title=lab["title"], xlabel=lab["x"], ylabel=lab["y"])
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    return _save(fig, directory / lab["file"])
+
+
+def logprob_error(prompts: dict[str, dict[str, Any]], threshold: float, directory: Path) -> Path:
+    """One line per prompt over the generated positions, and the card's threshold."""
+    lab = labels()["logprob_error"]
+    fig, ax = _figure()
+    values = [v for p in prompts.values() for v in p["logprob_rel_err_per_position"]]
+    # A log axis cannot show exact zeros (bit-identical positions): draw them at the smallest error seen.
+    floor = min((v for v in values if v > 0), default=threshold) / 10
+    for pid, p in prompts.items():
+        series = p["logprob_rel_err_per_position"]
+        ax.plot(range(len(series)), [max(v, floor) for v in series], ".-", label=pid, linewidth=1)
+    ax.axhline(threshold, color="tab:red", linestyle="--", label=f"{lab['threshold']} {threshold:g}")
+    ax.set_yscale("log")
+    ax.set(title=lab["title"], xlabel=lab["x"], ylabel=lab["y"])
+    ax.legend(fontsize="small", ncol=2)
+    ax.grid(True, which="both", alpha=0.3)
+    return _save(fig, directory / lab["file"])
+
+
+def top1(prompts: dict[str, dict[str, Any]], directory: Path) -> Path:
+    """Tie-aware and exact Top-1 rates side by side per prompt."""
+    lab = labels()["top1"]
+    ids = list(prompts)
+    x = range(len(ids))
+    width = 0.4
+    fig, ax = _figure()
+    ax.bar([i - width / 2 for i in x], [prompts[p]["top1_rate"] for p in ids], width, label=lab["tie_aware"])
+    ax.bar([i + width / 2 for i in x], [prompts[p]["top1_exact_rate"] for p in ids], width, label=lab["exact"])
+    ax.set_xticks(list(x), ids, rotation=30, ha="right")
+    ax.set_ylim(0, 1.05)
+    ax.set(title=lab["title"], xlabel=lab["x"], ylabel=lab["y"])
+    ax.legend(loc="lower right")
+    ax.grid(True, axis="y", alpha=0.3)
+    return _save(fig, directory / lab["file"])

