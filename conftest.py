@@ -177,8 +177,6 @@ def precision_results(card: Card, reference: dict[str, ReferenceResult], target:
     results = {}
     for pid, ref in reference.items():
         results[pid] = compare(ref, outputs[pid], card.thresholds)
-        results[pid]["reference_tokens"] = ref.tokens
-        results[pid]["target_tokens"] = outputs[pid].tokens
         report.add_prompt(card, pid, texts[pid], results[pid])
     return results
 
