@@ -24,15 +24,15 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from patches.common import CheckpointError
-from patches.config import ENV
+from npu_conformance.patches.common import CheckpointError
+from npu_conformance.patches.config import ENV, probe
 
-__all__ = ["CheckpointError", "ENV", "applied", "register"]
+__all__ = ["CheckpointError", "ENV", "applied", "decisions", "probe", "register"]
 
 
 def register() -> None:
     """Install both hooks; safe to call any number of times."""
-    from patches import config, loader
+    from npu_conformance.patches import config, loader
 
     config.install()
     loader.install()
@@ -44,6 +44,16 @@ def applied() -> list[dict[str, Any]]:
     quantized checkpoint tensors consumed and of the dense weights produced).
     Loading happens in the worker: with the in-process engine
     (VLLM_ENABLE_V1_MULTIPROCESSING=0) that is the calling process."""
-    from patches.loader import RECORDS
+    from npu_conformance.patches.loader import RECORDS
 
     return copy.deepcopy(RECORDS)
+
+
+def decisions() -> list[dict[str, Any]]:
+    """Every decision the config-layer half took in this process, one per model
+    config of a checkpoint a patch handles: {patch, method, model, dtype, mode,
+    dequantize, reason}. Taken where the model config is built (the LLM front end
+    or the API server), so it is there with every kind of engine."""
+    from npu_conformance.patches.config import DECISIONS
+
+    return copy.deepcopy(DECISIONS)

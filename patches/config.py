@@ -18,14 +18,22 @@ import re
 from types import ModuleType
 from typing import Any
 
-from patches.common import HOOK_MARK, LOGGER
-from patches.loader import patch_for
+from npu_conformance.patches.common import HOOK_MARK, LOGGER
+from npu_conformance.patches.loader import patch_for
 
 ENV = "NPU_CONFORMANCE_DEQUANT"
 MODES = ("auto", "on", "off")
 # `ops.<fn>(` calls in a kernel's source, and `torch.ops.<ns>.<op>` in the wrapper.
 _OPS_CALL = re.compile(r"\bops\.(\w+)\(")
 _TORCH_OP = re.compile(r"\btorch\.ops\.(\w+)\.(\w+)\b")
+# vLLM's own words when a platform refuses a quantization method. Only this, a
+# dtype the method does not take, a patch's NO_KERNEL words from kernel selection
+# and unregistered custom ops count as "no kernel here"; any other error from
+# these checks is vLLM's to report, so it propagates.
+PLATFORM_REFUSES = re.compile(r"quantization is currently not supported")
+# One record per decision in this process (the one that builds the model config:
+# the LLM front end or the API server); see patches.decisions().
+DECISIONS: list[dict[str, Any]] = []
 
 
 def mode() -> str:
@@ -72,14 +80,49 @@ def missing_kernel(patch: ModuleType, model_config: Any) -> str | None:
         return f"vLLM's {config_cls.get_name()} layers take {', '.join(supported)}, not {dtype}"
     try:
         current_platform.verify_quantization(config_cls.get_name())
+    except ValueError as exc:
+        if not PLATFORM_REFUSES.search(str(exc)):
+            raise
+        return _one_line(exc)
+    try:
         kernel = patch.select_kernel(config_cls.from_config(quant_cfg), model_config)
     except ValueError as exc:
-        # One line: vLLM lists a reason per candidate kernel on lines of their own.
-        return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        if not patch.NO_KERNEL.search(str(exc)):
+            raise
+        return _one_line(exc)
     missing = unregistered_ops(kernel)
     if missing:
         return f"{kernel.__name__} needs {', '.join(missing)}, which this vLLM build does not register"
     return None
+
+
+def probe(checkpoint: str, dtype: str) -> str | None:
+    """Why vLLM here has no kernel for the quantized `checkpoint` in `dtype`, or
+    None where it has one (or the checkpoint is in no format a patch handles).
+    Builds vLLM's own model config only: no weights are read, no engine boots."""
+    from vllm.config.model import ModelConfig
+
+    saved = os.environ.get(ENV)
+    # With the patch off the config is vLLM's own; the platform's refusal comes as its error.
+    os.environ[ENV] = "off"
+    try:
+        model_config = ModelConfig(model=checkpoint, dtype=dtype, skip_tokenizer_init=True)
+    except ValueError as exc:
+        if not PLATFORM_REFUSES.search(str(exc)):
+            raise
+        return _one_line(exc)
+    finally:
+        if saved is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = saved
+    patch = patch_for(model_config.model_arch_config.quantization_config)
+    return None if patch is None else missing_kernel(patch, model_config)
+
+
+def _one_line(exc: Exception) -> str:
+    # vLLM lists a reason per candidate kernel on lines of their own.
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
 
 
 def dequantize_instead(model_config: Any) -> bool:
@@ -89,17 +132,25 @@ def dequantize_instead(model_config: Any) -> bool:
     if patch is None:
         return False
     setting = mode()
+    method = model_config.model_arch_config.quantization_config["quant_method"]
+    record = {"patch": patch.NAME, "method": method, "model": model_config.model,
+              "dtype": str(model_config.dtype).removeprefix("torch."), "mode": setting}
     # A contradicting --quantization is vLLM's to report.
-    if setting == "off" or model_config.quantization not in (None, *patch.USER_METHODS):
+    if model_config.quantization not in (None, *patch.USER_METHODS):
+        DECISIONS.append({**record, "dequantize": False, "reason": f"--quantization {model_config.quantization}"})
+        return False
+    if setting == "off":
+        DECISIONS.append({**record, "dequantize": False, "reason": f"{ENV}=off"})
         return False
     if setting == "on":
         why = f"{ENV}=on"
     elif (missing := missing_kernel(patch, model_config)) is not None:
         why = f"no kernel for it here: {missing}; {ENV}=off keeps vLLM's own path"
     else:
+        DECISIONS.append({**record, "dequantize": False, "reason": "vLLM has a kernel for it here"})
         return False
+    DECISIONS.append({**record, "dequantize": True, "reason": why})
     model_config.quantization = None
-    method = model_config.model_arch_config.quantization_config["quant_method"]
     architecture = (model_config.architectures or ["model"])[0]
     LOGGER.warning(
         "Detected %s %s checkpoint (%s). Disabling %s quantization and loading dequantized %s weights instead.",

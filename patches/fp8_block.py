@@ -11,14 +11,17 @@ dense = weight * weight_scale_inv (broadcast over each block).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from patches.common import CheckpointError
+from npu_conformance.patches.common import CheckpointError
 
 NAME = "fp8_block"
+# What vLLM's kernel selection says when no kernel can run these layers here.
+NO_KERNEL = re.compile(r"Failed to find a kernel that can implement")
 # `--quantization` values a user may pass for such a checkpoint.
 USER_METHODS = ("fp8",)
 SCALE_SUFFIX = ".weight_scale_inv"

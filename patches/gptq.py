@@ -14,14 +14,17 @@ dense[o, i] = (q[i, o] - zero[g_idx[i], o]) * scales[g_idx[i], o].
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from patches.common import CheckpointError
+from npu_conformance.patches.common import CheckpointError
 
 NAME = "gptq"
+# What vLLM's kernel selection says when no kernel can run these layers here.
+NO_KERNEL = re.compile(r"Failed to find a kernel that can implement|Marlin does not support")
 # `--quantization` values a user may pass for such a checkpoint (vLLM's own list).
 USER_METHODS = ("gptq", "gptq_marlin", "auto_gptq", "marlin")
 PARTS = ("qweight", "qzeros", "scales", "g_idx")

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from patches import fp8_block, gptq
-from patches.common import HOOK_MARK, LOGGER, CheckpointError
+from npu_conformance.patches import fp8_block, gptq
+from npu_conformance.patches.common import HOOK_MARK, LOGGER, CheckpointError
 
 PATCHES = (fp8_block, gptq)
 # One record per dequantized load in this process; see patches.applied().

@@ -1,4 +1,4 @@
-"""`python -m reports <dir> [--lang zh]`: re-render a report directory from its JSON; nothing is rerun."""
+"""`python -m npu_conformance.reports <dir> [--lang zh]`: re-render a report directory from its JSON; nothing is rerun."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from reports import LANGS, render
+from npu_conformance.reports import LANGS, render
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reports", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m npu_conformance.reports", description=__doc__)
     parser.add_argument("report_dir", type=Path, help="a run's report directory (holds precision_report.json)")
     parser.add_argument("--lang", choices=LANGS, default="en")
     parser.add_argument("--benchmark-json", type=Path, help="pytest-benchmark JSON kept outside the report directory")

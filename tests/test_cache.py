@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fixtures import cache
-from fixtures.cards import Prompt
-from fixtures.reference import reference_results, tokenize_prompts
-from fixtures.weights import fingerprint
+from npu_conformance import cache
+from npu_conformance.cards import Prompt
+from npu_conformance.engines.reference import reference_results, tokenize_prompts
+from npu_conformance.cache import fingerprint
 
 pytestmark = pytest.mark.unit
 

@@ -1,16 +1,24 @@
 """Card loading and validation: every shipped card loads, and a bad card fails
 with one message naming the file and the field."""
 
+import importlib.util
+import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from fixtures.cards import CardError, adhoc_card, load_card, load_catalog
+from npu_conformance import cards
+from npu_conformance.cards import CATALOG_DIR, CardError, adhoc_card, engine_arg_names, load_card, load_catalog
 
 pytestmark = pytest.mark.unit
 
 GOOD = {"name": "x", "architecture": "LlamaForCausalLM", "weights": {"synthetic": "llama"}}
+ROOT = Path(__file__).resolve().parents[1]
+needs_vllm = pytest.mark.skipif(engine_arg_names() is None, reason="vllm is not installed: no EngineArgs to check")
 
 
 def write(tmp_path: Path, data: dict, name: str = "x") -> Path:
@@ -65,6 +73,14 @@ def test_platform_overrides_merge_over_common_engine_args(tmp_path):
                                          "warmup_rounds": 0, "floor_tok_s": {4: 10}}}}},
          "platforms.npu.perf.floor_tok_s", "not in batch_sizes"),
         ({"engine": {"dtype": "float16"}}, "engine.dtype", "set by the suite"),
+        ({"engine": {"load_format": "dummy"}}, "engine.load_format", "set by the suite"),
+        ({"platforms": {"npu": {"engine": {"model": "x"}}}}, "platforms.npu.engine.model", "set by the suite"),
+        ({"quant_path": "patch"}, "quant_path", "sets no patch"),
+        ({"patch": "gptq", "quant_path": "dequant"}, "quant_path", "must be one of"),
+        ({"allow_model_impl_fallback": "yes"}, "allow_model_impl_fallback", "expected bool"),
+        ({"prompts": "../catalog/_defaults"}, "prompts", "no prompt set"),
+        ({"prompts": [{"id": "a", "text": "x"}, {"id": "b"}]}, "prompts[1].text", "is required"),
+        ({"reference": {"dtype": "float32", "weight": {"hf": "a/b"}}}, "reference.weight", "unknown field"),
         ({"expect": {"verdict": "fail"}}, "expect.caught_by", "is required"),
         ({"architecture": None}, "architecture", "is required"),
     ],
@@ -100,3 +116,107 @@ def test_adhoc_card_reads_architecture_from_config(tmp_path):
 def test_adhoc_card_without_config_is_a_clear_error(tmp_path):
     with pytest.raises(CardError, match="no config.json"):
         adhoc_card(tmp_path)
+
+
+def test_quant_path_and_fallback_defaults(tmp_path):
+    plain = load_card(write(tmp_path, GOOD))
+    assert plain.quant_path == "auto" and plain.allow_model_impl_fallback is False
+    patched = load_card(write(tmp_path, {**GOOD, "patch": "gptq", "quant_path": "kernel",
+                                         "allow_model_impl_fallback": True}))
+    assert patched.quant_path == "kernel" and patched.allow_model_impl_fallback is True
+
+
+@needs_vllm
+@pytest.mark.parametrize(
+    "change, field, words",
+    [
+        ({"engine": {"max_model_lenn": 512}}, "engine.max_model_lenn",
+         "unknown vLLM engine argument (did you mean max_model_len?)"),
+        ({"platforms": {"cpu": {"engine": {"enforce_eagr": True}}}}, "platforms.cpu.engine.enforce_eagr",
+         "did you mean enforce_eager?"),
+    ],
+)
+def test_unknown_engine_argument_is_named_with_a_suggestion(tmp_path, change, field, words):
+    path = write(tmp_path, {**GOOD, **change})
+    with pytest.raises(CardError) as err:
+        load_card(path)
+    assert err.value.field == field
+    assert str(path) in str(err.value) and words in str(err.value)
+
+
+def test_engine_check_is_skipped_without_vllm(tmp_path, monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, package=None: None)
+    engine_arg_names.cache_clear()
+    try:
+        card = load_card(write(tmp_path, {**GOOD, "engine": {"not_an_engine_arg": 1}}))
+        assert card.engine["not_an_engine_arg"] == 1
+        # The suite's own keys are refused with or without vllm.
+        with pytest.raises(CardError, match="set by the suite"):
+            load_card(write(tmp_path, {**GOOD, "engine": {"model": "m"}}))
+    finally:
+        engine_arg_names.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "text, field, words",
+    [
+        ("prompts: [unclosed", "<yaml>", "not valid YAML"),
+        ("", "<top>", "mapping with a 'prompts' list"),
+        ("- id: a\n  text: b\n", "<top>", "mapping with a 'prompts' list"),
+        ("prompts: []\n", "prompts", "non-empty list"),
+        ("prompts: [{id: a, text: b}, {id: a, text: c}]\n", "prompts", "duplicate"),
+        ("prompts: [{id: a, text: 1}]\n", "prompts[0].text", "expected str"),
+        ("prompts: [{id: a, txt: b}]\n", "prompts[0].txt", "unknown field"),
+        ("prompts: [{id: a, 1: b}]\n", "prompts[0].1", "unknown field"),
+        ("prompts: [{id: a, text: b}]\nextra: 1\n", "extra", "unknown field"),
+    ],
+)
+def test_bad_prompt_set_names_its_own_file(tmp_path, monkeypatch, text, field, words):
+    prompts_dir = tmp_path / "prompts"
+    prompts_dir.mkdir()
+    prompt_file = prompts_dir / "mine.yaml"
+    prompt_file.write_text(text, encoding="utf-8")
+    monkeypatch.setattr(cards, "PROMPTS_DIR", prompts_dir)
+    with pytest.raises(CardError) as err:
+        load_card(write(tmp_path, {**GOOD, "prompts": "mine"}))
+    assert err.value.file == str(prompt_file) and err.value.field == field, err.value
+    assert words in str(err.value)
+
+
+def _bad_catalog(tmp_path: Path) -> tuple[Path, Path]:
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    shutil.copy(CATALOG_DIR / "_defaults.yaml", catalog)
+    return catalog, write(catalog, {**GOOD, "name": "typo", "engine": {"max_model_lenn": 512}}, name="typo")
+
+
+# Measured on the 2-core dev box: a run stopped by this card took 4.5-4.7 s of
+# wall time, all of it pytest's own start-up (the same `--collect-only` of one
+# small test file took 4.4-5.5 s); the card check itself is ~0.1 s. 10 s leaves
+# room for a loaded machine and still fails a run that imports vllm (~9 s) or
+# builds a model before reading the cards.
+COLLECTION_LIMIT_S = 10.0
+
+
+@needs_vllm
+def test_unknown_engine_argument_stops_the_run_at_collection(tmp_path):
+    catalog, card_file = _bad_catalog(tmp_path)
+    start = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          f"--catalog={catalog}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    elapsed = time.monotonic() - start
+    output = run.stdout + run.stderr
+    assert run.returncode != 0, output
+    assert str(card_file) in output and "engine.max_model_lenn" in output and "max_model_len?" in output, output
+    assert elapsed < COLLECTION_LIMIT_S, f"{elapsed:.1f} s to report a bad card"
+
+
+@needs_vllm
+def test_engine_check_does_not_import_vllm(tmp_path):
+    catalog, _ = _bad_catalog(tmp_path)
+    probe = ("import sys; from pathlib import Path; from npu_conformance.cards import CardError, load_catalog\n"
+             f"try: load_catalog(Path({str(catalog)!r}))\n"
+             "except CardError as exc: print(exc.field)\n"
+             "print('vllm' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert run.stdout.split() == ["engine.max_model_lenn", "False"], run.stdout + run.stderr

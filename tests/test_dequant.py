@@ -1,5 +1,5 @@
 """Dequantization math of the load-time patches (patches/) against the quantizers
-of fixtures/quantize.py, on small tensors: no engine.
+of npu_conformance/quantize.py, on small tensors: no engine.
 
 The quantizers compute their fake-quantized reference in the quantizing direction
 (code * scale, (code - zero) * scale) before packing; the dequantizers start from
@@ -14,9 +14,9 @@ import math
 import pytest
 import torch
 
-from fixtures import quantize as quantizers
-from patches import CheckpointError, applied, fp8_block, gptq
-from patches.loader import dequantized
+from npu_conformance import quantize as quantizers
+from npu_conformance.patches import CheckpointError, applied, fp8_block, gptq
+from npu_conformance.patches.loader import dequantized
 
 pytestmark = pytest.mark.unit
 

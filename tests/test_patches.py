@@ -2,7 +2,7 @@
 `vllm.general_plugins` entry point, in real engines, on small real checkpoints.
 
 Each checkpoint is a random-init transformers model (shapes as the synthetic
-recipes: hidden 256, head_dim 64) quantized by fixtures/quantize.py, with its
+recipes: hidden 256, head_dim 64) quantized by npu_conformance/quantize.py, with its
 fake-quantized float32 twin as the reference. Per format, two engine boots:
 - forced off, vLLM fails the way the patches' probe predicts for this platform
   (on this CPU build: no ScaledMM kernel for FP8 at load, no cpu_gemm_wna16 op for
@@ -25,11 +25,11 @@ import numpy as np
 import pytest
 import torch
 
-import patches
-from fixtures.quantize import write_quantized
-from fixtures.reference import ReferenceRunner
-from fixtures.target import VllmRunner
-from patches.common import HOOK_MARK
+from npu_conformance import patches
+from npu_conformance.quantize import write_quantized
+from npu_conformance.engines.reference import ReferenceRunner
+from npu_conformance.engines.target import VllmRunner
+from npu_conformance.patches.common import HOOK_MARK
 
 pytestmark = pytest.mark.patches
 
@@ -85,30 +85,13 @@ def runner(checkpoint: Path, dtype: str, mode: str) -> VllmRunner:
                       env={**ENGINE_ENV, patches.ENV: mode}, boot_timeout_s=600, request_timeout_s=300)
 
 
-def kernels_missing(checkpoint: Path, dtype: str, monkeypatch: pytest.MonkeyPatch) -> str | None:
-    """The patches' own probe on vLLM's own model config for `checkpoint`: why
-    vLLM cannot run it here, or None where it can."""
-    from vllm.config import ModelConfig
-
-    from patches.config import missing_kernel
-    from patches.loader import patch_for
-
-    with monkeypatch.context() as m:
-        m.setenv(patches.ENV, "off")
-        try:
-            model_config = ModelConfig(model=str(checkpoint), dtype=dtype, skip_tokenizer_init=True)
-        except ValueError as exc:  # the platform refuses the method outright (the NPU does for fp8)
-            return str(exc)
-    return missing_kernel(patch_for(model_config.model_arch_config.quantization_config), model_config)
-
-
 # --- registration --------------------------------------------------------------------
 
 
 @pytest.mark.unit
 def test_entry_point_is_installed() -> None:
     found = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
-    assert found.get("npu_conformance_patches") == "patches:register", (
+    assert found.get("npu_conformance_patches") == "npu_conformance.patches:register", (
         "the patches load only through the entry point: reinstall the suite (pip install -e .)")
 
 
@@ -130,7 +113,7 @@ def test_register_is_idempotent() -> None:
 @pytest.mark.unit
 @pytest.mark.parametrize(("value", "mode"), [(None, "auto"), ("", "auto"), ("ON", "on"), (" off ", "off")])
 def test_mode(value: str | None, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from patches.config import mode as current_mode
+    from npu_conformance.patches.config import mode as current_mode
 
     if value is None:
         monkeypatch.delenv(patches.ENV, raising=False)
@@ -141,7 +124,7 @@ def test_mode(value: str | None, mode: str, monkeypatch: pytest.MonkeyPatch) -> 
 
 @pytest.mark.unit
 def test_bad_mode_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from patches.config import mode
+    from npu_conformance.patches.config import mode
 
     monkeypatch.setenv(patches.ENV, "yes")
     with pytest.raises(ValueError, match=f"{patches.ENV}='yes': expected one of auto, on, off"):
@@ -153,7 +136,7 @@ def test_bad_mode_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_unpatched_engine_fails(case: tuple[str, Case, Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     _, spec, quantized, _ = case
-    reason = kernels_missing(quantized, spec.dtype, monkeypatch)
+    reason = patches.probe(str(quantized), spec.dtype)
     if reason is None:
         pytest.skip("vLLM has kernels for this checkpoint on this platform: nothing to patch")
     # FP8 fails while the engine builds its layers, GPTQ at the first forward.
@@ -168,20 +151,76 @@ def test_unpatched_engine_fails(case: tuple[str, Case, Path, Path], monkeypatch:
         f"expected one of {expected} in vLLM's error, got: {failure.value}")
 
 
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_mode_forces_the_path_on_any_host(case: tuple[str, Case, Path, Path], mode: str,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`on` dequantizes and `off` leaves the checkpoint to vLLM, whatever kernels
+    this host has: each path can be forced anywhere (vLLM's own model config, no boot)."""
+    from vllm.config import ModelConfig
+
+    name, spec, quantized, _ = case
+    patches.register()
+    monkeypatch.setenv(patches.ENV, mode)
+    before = len(patches.decisions())
+    try:
+        model_config = ModelConfig(model=str(quantized), dtype=spec.dtype, skip_tokenizer_init=True)
+    except ValueError as exc:
+        assert mode == "off", exc  # vLLM's own refusal, where the platform refuses the method
+        return
+    decision = patches.decisions()[before:]
+    assert [(d["patch"], d["mode"], d["dequantize"]) for d in decision] == [(name, mode, mode == "on")]
+    assert decision[0]["reason"] == f"{patches.ENV}={mode}"
+    assert (model_config.quantization is None) == (mode == "on")
+
+
+def test_only_no_kernel_errors_turn_the_patch_on(case: tuple[str, Case, Path, Path],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's "no kernel can implement this layer" turns the patch on (auto);
+    any other error from its checks is vLLM's own and must surface."""
+    from vllm.config import ModelConfig
+
+    from npu_conformance.patches.config import missing_kernel
+    from npu_conformance.patches.loader import patch_for
+
+    _, spec, quantized, _ = case
+    monkeypatch.setenv(patches.ENV, "off")
+    try:
+        model_config = ModelConfig(model=str(quantized), dtype=spec.dtype, skip_tokenizer_init=True)
+    except ValueError as exc:
+        pytest.skip(f"this platform refuses the method before kernel selection: {exc}")
+    patch = patch_for(model_config.model_arch_config.quantization_config)
+
+    def refuse(message: str) -> Any:
+        def select_kernel(*args: Any) -> type:
+            raise ValueError(message)
+        return select_kernel
+
+    monkeypatch.setattr(patch, "select_kernel", refuse("Failed to find a kernel that can implement the layer. "
+                                                       "Reasons: \n no"))
+    assert missing_kernel(patch, model_config).startswith("Failed to find a kernel")
+    monkeypatch.setattr(patch, "select_kernel", refuse("weight_shape (7, 3) is not a valid shape"))
+    with pytest.raises(ValueError, match="not a valid shape"):
+        missing_kernel(patch, model_config)
+
+
 def test_patched_engine_matches_reference(case: tuple[str, Case, Path, Path],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     name, spec, quantized, reference = case
     # vLLM's FP8 and GPTQ layers take 16-bit activations only: in float32 the
     # default (auto) patches on every platform.
-    assert kernels_missing(quantized, PATCHED_DTYPE, monkeypatch) is not None
-    before = len(patches.applied())
+    assert patches.probe(str(quantized), PATCHED_DTYPE) is not None
+    before = len(patches.decisions())
     with runner(quantized, PATCHED_DTYPE, "auto") as engine:
         outputs = engine.greedy(PROMPTS, MAX_TOKENS)
-        log = engine.log_tail()
+        evidence = engine.evidence
 
-    assert re.search(rf"Detected {spec.quant_method} {spec.architecture} checkpoint .*loading dequantized "
-                     rf"{PATCHED_DTYPE} weights instead", log), log
-    records = patches.applied()[before:]
+    # The patch's own records, from the process that decided and the worker that loaded.
+    decisions = patches.decisions()[before:]
+    assert [(d["patch"], d["method"], d["dequantize"]) for d in decisions] == [(name, spec.quant_method, True)]
+    assert decisions[0]["reason"].startswith("no kernel for it here"), decisions[0]
+    assert evidence["quantization"]["path"] == "patch" and evidence["linear_methods"].keys() <= {
+        "UnquantizedLinearMethod", "UnquantizedEmbeddingMethod"}, evidence
+    records = evidence["patch_records"]
     # 2 decoder layers of 7 linear layers (q, o: 256x256; k, v: 128x256; gate, up,
     # down: 256 x intermediate), dense in float32.
     dense_bytes = 2 * 4 * (256 * 256 + 2 * 128 * 256 + 256 * 256 + 3 * 256 * spec.intermediate_size)

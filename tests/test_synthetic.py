@@ -1,4 +1,4 @@
-"""Builder logic of fixtures/synthetic.py, on one real build of the llama recipe."""
+"""Builder logic of npu_conformance/synthetic.py, on one real build of the llama recipe."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fixtures import synthetic
+from npu_conformance import synthetic
 
 pytestmark = pytest.mark.unit  # no engine; the real llama build, shared with the precision run
 

@@ -1,0 +1,1 @@
+"""Machinery of the conformance suite: cards, weights, runners, metrics, reporting."""

@@ -1,0 +1,625 @@
+"""Model cards: one YAML file per model in npu_conformance/catalog/, validated on load.
+
+Every card is merged over the catalog's _defaults.yaml (nested mappings merge key
+by key), then validated by the pydantic models below, which forbid unknown keys as
+vLLM's own configs do. `engine:` is checked against vLLM's EngineArgs and `serve:`
+is validated with the rest, so a bad card stops the run before any model is
+touched. The error is a CardError naming the file and the dotted path of the
+field, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import functools
+import importlib.util
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    AliasPath,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
+
+from npu_conformance.compare.metrics import Thresholds
+from npu_conformance.merge import deep_merge
+
+CATALOG_DIR = Path(__file__).parent / "catalog"
+DEFAULTS_NAME = "_defaults.yaml"
+PROMPTS_DIR = Path(__file__).parent / "prompts"
+
+Dtype = Literal["float32", "float16", "bfloat16"]
+WeightKind = Literal["synthetic", "modelscope", "hf", "path"]
+PlatformName = Literal["cpu", "cuda", "npu"]
+WEIGHT_KINDS = get_args(WeightKind)
+PLATFORMS = get_args(PlatformName)
+# Engine arguments and server flags the suite sets from the card's own fields or per boot.
+SUITE_FLAGS = ("model", "host", "port", "dtype", "trust_remote_code", "load_format")
+# What a bad request's `mentions` may refer to, filled in from the running server.
+MENTION_FIELDS = {"model": "", "max_model_len": 0}
+
+# Strict types: YAML's `true` is not 1 and "10" is not 10; a float field takes an int.
+PositiveInt = Annotated[StrictInt, Field(gt=0)]
+PositiveNumber = Annotated[StrictFloat, Field(gt=0)]
+
+
+class CardError(ValueError):
+    """A card that cannot be used; the message names the file and the field."""
+
+    def __init__(self, file: Path | str, field_path: str, problem: str) -> None:
+        super().__init__(f"model card {file}: field '{field_path}': {problem}")
+        self.file = str(file)
+        self.field = field_path
+
+
+class _Problem(ValueError):
+    """Raised by the validators below. `path` continues the location pydantic
+    reports (a key of a mapping, the field a cross-field rule is about); with
+    `file`, the problem is in that file (a prompt set) at `path` from its top."""
+
+    def __init__(self, path: tuple[str | int, ...], problem: str, file: Path | None = None) -> None:
+        super().__init__(problem)
+        self.path = path
+        self.problem = problem
+        self.file = file
+
+
+# ---- turning pydantic's errors into today's messages ----
+
+_EXPECTED = {
+    "int_type": "int", "string_type": "str", "bool_type": "bool", "float_type": "a number",
+    "dict_type": "a mapping", "model_type": "a mapping", "model_attributes_type": "a mapping",
+    "dataclass_type": "a mapping", "tuple_type": "a list", "list_type": "a list",
+}
+_BOUNDS = {"greater_than": (">", "gt"), "greater_than_equal": (">=", "ge"),
+           "less_than": ("<", "lt"), "less_than_equal": ("<=", "le")}
+
+
+def _kind_of(value: Any) -> str:
+    """`bool`, `list`, or `str ('ten')`: the value itself where it is short and telling."""
+    name = type(value).__name__
+    return name if isinstance(value, (bool, Mapping, list, type(None))) else f"{name} ({value!r})"
+
+
+def _describe(err: ErrorDetails) -> str:
+    kind, value, ctx = err["type"], err.get("input"), err.get("ctx", {})
+    if kind == "missing":
+        return "is required"
+    if kind == "extra_forbidden":
+        return "unknown field"
+    if kind in _EXPECTED:
+        return f"expected {_EXPECTED[kind]}, got {_kind_of(value)}"
+    if kind == "literal_error":
+        return f"must be one of {ctx['expected']}, got {value!r}"
+    if kind in _BOUNDS:
+        op, key = _BOUNDS[kind]
+        return f"must be {op} {ctx[key]}, got {value!r}"
+    if kind == "too_short":  # min_length=1 is the only length rule on lists
+        return "expected a non-empty list"
+    if kind == "string_too_short":
+        return "must not be empty"
+    return err["msg"]
+
+
+def _first_error(exc: ValidationError) -> tuple[tuple[str | int, ...], str, Path | None]:
+    """The first error as (location, problem, file it lies in when not the card)."""
+    err = exc.errors(include_url=False)[0]
+    # '[key]' marks a bad mapping key; the key itself is already in the location.
+    loc = tuple(part for part in err["loc"] if part != "[key]")
+    cause = err.get("ctx", {}).get("error")
+    if isinstance(cause, _Problem):
+        return (cause.path if cause.file else loc + cause.path), cause.problem, cause.file
+    return loc, _describe(err), None
+
+
+def _dotted(loc: Sequence[str | int]) -> str:
+    """('prompts', 1, 'id') -> 'prompts[1].id'."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "<top>"
+
+
+def _unknown(key: Any, known: Iterable[str]) -> _Problem:
+    return _Problem((str(key),), f"unknown field (known: {', '.join(sorted(known))})")
+
+
+# ---- the models ----
+
+
+class _Section(BaseModel):
+    """One mapping of a card: unknown keys are typos, and it is frozen once loaded."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def _yaml_keys(cls) -> frozenset[str]:
+        """The keys a card may give: a field's name, or the first step of its alias path."""
+        return frozenset(f.validation_alias.path[0] if isinstance(f.validation_alias, AliasPath) else name
+                         for name, f in cls.model_fields.items())
+
+    @classmethod
+    def _from_yaml(cls, data: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """What a section does to its checked mapping before its fields are validated."""
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any, info: ValidationInfo) -> Any:
+        if not isinstance(data, Mapping):
+            return data  # pydantic reports the type
+        known = cls._yaml_keys()
+        unknown = sorted(str(k) for k in data if k not in known)
+        if unknown:
+            raise _unknown(unknown[0], known)
+        # `key:` with no value reads as "not given" (a required field is then missing).
+        return cls._from_yaml({k: v for k, v in data.items() if v is not None}, info)
+
+
+class _Positional(_Section):
+    """Also built positionally in code, in field order (`Prompt("cli", text)`), as
+    the dataclasses these models replaced were."""
+
+    def __init__(self, /, *args: Any, **data: Any) -> None:
+        names = list(type(self).model_fields)
+        if len(args) > len(names):
+            raise TypeError(f"{type(self).__name__} takes at most {len(names)} positional arguments")
+        super().__init__(**dict(zip(names, args)), **data)
+
+
+def _keyword_items(items: Any) -> Any:
+    """A custom __init__ makes pydantic build each list item by calling it with the
+    item's mapping as keywords, which Python refuses for a non-string key (YAML's
+    `1: x`): such a key is reported here instead of as a TypeError."""
+    if isinstance(items, list):
+        for i, item in enumerate(items):
+            bad = [k for k in item if not isinstance(k, str)] if isinstance(item, Mapping) else []
+            if bad:
+                raise _Problem((i, str(bad[0])), "unknown field (field names are strings)")
+    return items
+
+
+def _unique_ids(items: Sequence[Prompt | BadRequest]) -> Sequence[Prompt | BadRequest]:
+    """ids become test ids and report keys."""
+    ids = [item.id for item in items]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise _Problem((), f"duplicate ids {dup}")
+    return items
+
+
+def _env_strings(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        bad = [k for k, v in value.items() if not isinstance(v, str)]
+        if bad:
+            raise _Problem((str(bad[0]),), "environment values must be strings (quote them in YAML)")
+    return value
+
+
+def _suite_flag(key: str) -> _Problem:
+    return _Problem((key,), f"is set by the suite ({', '.join(SUITE_FLAGS)} come from the card and the stage)")
+
+
+@functools.lru_cache(maxsize=1)
+def engine_arg_names() -> frozenset[str] | None:
+    """The fields of vLLM's EngineArgs, read from its source without importing vllm
+    (that takes ~9 s, and a bad card must fail in a moment). None where vllm is not
+    installed or EngineArgs is not found: the engine-argument check is then skipped."""
+    spec = importlib.util.find_spec("vllm")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        source = Path(root) / "engine" / "arg_utils.py"
+        if not source.is_file():
+            continue
+        try:
+            tree = ast.parse(source.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            return None
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == "EngineArgs":
+                names = frozenset(
+                    s.target.id for s in node.body
+                    if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+                    and not s.target.id.startswith("_") and "ClassVar" not in ast.unparse(s.annotation)
+                )
+                return names or None
+    return None
+
+
+def _engine_args(args: dict[str, Any]) -> dict[str, Any]:
+    known = engine_arg_names()
+    for key in args:
+        if key in SUITE_FLAGS:
+            raise _suite_flag(key)
+        if known is not None and key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]}?" if close else "see EngineArgs in vllm/engine/arg_utils.py"
+            raise _Problem((key,), f"unknown vLLM engine argument ({hint})")
+    return args
+
+
+def _server_args(args: dict[str, Any]) -> dict[str, Any]:
+    scalars = (str, int, float, bool)
+    for key, value in args.items():
+        if key in SUITE_FLAGS:
+            raise _suite_flag(key)
+        if not (isinstance(value, (*scalars, Mapping))
+                or (isinstance(value, list) and value and all(isinstance(v, scalars) for v in value))):
+            raise _Problem((key,), f"a server flag takes a scalar, a non-empty list of scalars or a mapping, "
+                                   f"got {value!r}")
+    return args
+
+
+EngineOptions = Annotated[dict[StrictStr, Any], AfterValidator(_engine_args)]
+EnvVars = Annotated[dict[StrictStr, StrictStr], BeforeValidator(_env_strings)]
+
+
+class Prompt(_Positional):
+    id: StrictStr
+    text: StrictStr
+
+
+PromptList = Annotated[tuple[Prompt, ...], BeforeValidator(_keyword_items), Field(min_length=1),
+                       AfterValidator(_unique_ids)]
+
+
+class BadRequest(_Positional):
+    id: StrictStr
+    body: dict[StrictStr, Any] = Field(default_factory=dict)  # merged over a valid completion request
+    raw: StrictStr | None = None  # sent as the request body verbatim instead (malformed JSON)
+    overlong_prompt: StrictStr | None = None  # prompt = this text repeated max_model_len + 1 times
+    # The error message must contain one (case-insensitive).
+    mentions: Annotated[tuple[Annotated[StrictStr, Field(min_length=1)], ...], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BadRequest:
+        try:
+            for m in self.mentions:
+                m.format_map(MENTION_FIELDS)
+        except (KeyError, ValueError, IndexError) as exc:
+            allowed = ", ".join("{" + k + "}" for k in MENTION_FIELDS)
+            raise _Problem(("mentions",), f"only {allowed} can be filled in, got {exc!r}") from None
+        if self.raw is not None and (self.body or self.overlong_prompt):
+            raise _Problem(("raw",), "a raw body is sent as is: it excludes body and overlong_prompt")
+        return self
+
+
+class ServeSpec(_Section):
+    """A card's `serve:` section:
+
+    - args: server flags on top of the card's engine args (`key_name: value` becomes
+      `--key-name value`; true/false become `--key-name` / `--no-key-name`).
+    - env: environment for the server, under the card's env for the platform.
+    - max_tokens, concurrency: size of the text and concurrency checks.
+    - system_prompt, chat: the chat-completion check's messages.
+    - bad_requests: requests that must get a 4xx whose message mentions the problem.
+    - engine_log: name -> regex whose first group is a figure the engine logs at boot.
+    """
+
+    run: StrictBool  # whether the serving tests boot this card's server when it is selected
+    args: Annotated[dict[StrictStr, Any], AfterValidator(_server_args)] = Field(default_factory=dict)
+    env: EnvVars = Field(default_factory=dict)
+    max_tokens: PositiveInt
+    concurrency: PositiveInt
+    system_prompt: StrictStr
+    chat: PromptList
+    bad_requests: Annotated[tuple[BadRequest, ...], BeforeValidator(_keyword_items), Field(min_length=1),
+                            AfterValidator(_unique_ids)]
+    engine_log: dict[StrictStr, re.Pattern[str]]
+
+    @field_validator("engine_log", mode="before")
+    @classmethod
+    def _compile(cls, value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            return value
+        patterns = {}
+        for name, text in value.items():
+            try:
+                patterns[name] = re.compile(text)
+            except (re.error, TypeError) as exc:
+                raise _Problem((str(name),), f"not a regular expression: {exc}") from None
+            if patterns[name].groups < 1:
+                raise _Problem((str(name),), "needs a capturing group around the figure")
+        return patterns
+
+
+class WeightSource(_Positional):
+    """Where a checkpoint comes from. `ref` is the builder recipe, hub id or path; a
+    card writes `{<kind>: <ref>}` (see Card._weights_from_yaml)."""
+
+    kind: WeightKind
+    ref: StrictStr
+    revision: StrictStr | None = None
+    # Synthetic only: the builder's variants (known-buggy or quantized copies).
+    mutate: dict[StrictStr, Any] | None = None
+    quantize: dict[StrictStr, Any] | None = None
+
+    @model_validator(mode="after")
+    def _variants_are_synthetic(self) -> WeightSource:
+        if (self.mutate or self.quantize) and self.kind != "synthetic":
+            raise _Problem(("mutate" if self.mutate else "quantize",),
+                           "only synthetic checkpoints can be mutated or quantized")
+        return self
+
+    def describe(self) -> str:
+        text = f"{self.kind}:{self.ref}"
+        if self.revision:
+            text += f"@{self.revision}"
+        if self.mutate:
+            text += f" mutate={json.dumps(self.mutate, sort_keys=True)}"
+        if self.quantize:
+            text += f" quantize={json.dumps(self.quantize, sort_keys=True)}"
+        return text
+
+
+class PerfSpec(_Section):
+    batch_sizes: Annotated[tuple[PositiveInt, ...], Field(min_length=1)]
+    input_len: PositiveInt
+    output_len: PositiveInt
+    rounds: PositiveInt
+    warmup_rounds: Annotated[StrictInt, Field(ge=0)]
+    # Either an absolute floor per batch size, or a baseline with a slack factor.
+    floor_tok_s: dict[PositiveInt, PositiveNumber] | None = None
+    baseline_tok_s: dict[PositiveInt, PositiveNumber] | None = None
+    slack: StrictFloat | None = None
+
+    @model_validator(mode="after")
+    def _gates(self) -> PerfSpec:
+        if self.baseline_tok_s is not None and self.slack is None:
+            raise _Problem(("slack",), "is required with baseline_tok_s (vllm-ascend's nightly gates use 0.97)")
+        if self.slack is not None and not 0 < self.slack <= 1:
+            raise _Problem(("slack",), f"must be in (0, 1], got {self.slack!r}")
+        for key, table in (("floor_tok_s", self.floor_tok_s), ("baseline_tok_s", self.baseline_tok_s)):
+            extra = sorted(set(table or ()) - set(self.batch_sizes))
+            if extra:
+                raise _Problem((key,), f"batch sizes {extra} are not in batch_sizes {list(self.batch_sizes)}")
+        return self
+
+
+class PlatformSettings(_Section):
+    engine: EngineOptions = Field(default_factory=dict)
+    env: EnvVars = Field(default_factory=dict)
+    perf: PerfSpec | None = None
+
+
+class Expectation(_Section):
+    """`fail` marks a known-buggy card: the sensitivity tests require the checks
+    in `caught_by` to fail on it."""
+
+    verdict: Literal["pass", "fail"]
+    caught_by: tuple[StrictStr, ...] = ()
+
+    @model_validator(mode="after")
+    def _fail_names_its_checks(self) -> Expectation:
+        if self.verdict == "fail" and not self.caught_by:
+            raise _Problem(("caught_by",), "is required (the checks that must fail) with verdict fail")
+        return self
+
+
+class ThresholdSpec(_Section):
+    """A card's `thresholds:`, checked here; the comparison gets them as compare.metrics.Thresholds."""
+
+    logprob_rel_err: PositiveNumber
+    cosine: StrictFloat
+    tie_margin: Annotated[StrictFloat, Field(ge=0)]
+    logprob_top_k: PositiveInt
+    logprob_floor: PositiveNumber
+
+    @model_validator(mode="after")
+    def _ranges(self) -> ThresholdSpec:
+        if not -1 <= self.cosine <= 1:
+            raise _Problem(("cosine",), f"must be in [-1, 1], got {self.cosine}")
+        return self
+
+
+def _prompt_set(name: str) -> tuple[Prompt, ...]:
+    """The prompts of npu_conformance/prompts/<name>.yaml; a problem there names that file."""
+    if not name or "/" in name or "\\" in name or ".." in name:
+        raise _Problem((), f"no prompt set {name!r}: a prompt set is named by its file in {PROMPTS_DIR}, "
+                           "without '/' or '..'")
+    source = PROMPTS_DIR / f"{name}.yaml"
+    if not source.is_file():
+        known = sorted(p.stem for p in PROMPTS_DIR.glob("*.yaml"))
+        raise _Problem((), f"no prompt set {name!r} (known: {', '.join(known)})")
+    try:
+        data = yaml.safe_load(source.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise _Problem(("<yaml>",), f"not valid YAML: {exc}", source) from None
+    if not isinstance(data, Mapping) or "prompts" not in data:
+        raise _Problem(("<top>",), f"a prompt set is a mapping with a 'prompts' list, got {_kind_of(data)}", source)
+    extra = sorted(str(k) for k in data if k != "prompts")
+    if extra:
+        raise _Problem((extra[0],), "unknown field (known: prompts)", source)
+    try:
+        return _PROMPT_SET.validate_python(data["prompts"])
+    except ValidationError as exc:
+        loc, problem, _ = _first_error(exc)
+        raise _Problem(("prompts", *loc), problem, source) from None
+
+
+_PROMPT_SET = TypeAdapter(PromptList)
+
+
+class Card(_Section):
+    name: StrictStr
+    # Set by parse_card from the file it read, never by the YAML.
+    file: str
+    description: StrictStr = ""
+    architecture: StrictStr
+    weights: WeightSource
+    trust_remote_code: StrictBool
+    dtype: Dtype
+    reference_dtype: Dtype = Field(validation_alias=AliasPath("reference", "dtype"))
+    reference_weights: WeightSource | None = Field(None, validation_alias=AliasPath("reference", "weights"))
+    engine: EngineOptions = Field(default_factory=dict)
+    serve: ServeSpec
+    # A prompt set's name (a file in npu_conformance/prompts/) or an inline list.
+    prompts: PromptList
+    max_tokens: PositiveInt
+    thresholds: Thresholds
+    platforms: dict[PlatformName, PlatformSettings] = Field(default_factory=dict)
+    default: StrictBool
+    patch: Literal["fp8_block", "gptq"] | None = None
+    # With a patch: auto = the patch or vLLM's own quantized kernel may run; patch =
+    # the load-time dequant patch must run; kernel = vLLM's own kernel must run.
+    quant_path: Literal["auto", "patch", "kernel"] = "auto"
+    # Opt-in to vLLM running the architecture through a non-native implementation
+    # (e.g. its Transformers backend).
+    allow_model_impl_fallback: StrictBool
+    expect: Expectation = Expectation(verdict="pass")
+
+    @classmethod
+    def _yaml_keys(cls) -> frozenset[str]:
+        return super()._yaml_keys() - {"file"}
+
+    @classmethod
+    def _from_yaml(cls, data: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        reference = data.get("reference", {})
+        if not isinstance(reference, Mapping):
+            raise _Problem(("reference",), f"expected a mapping, got {_kind_of(reference)}")
+        unknown = sorted(str(k) for k in reference if k not in ("dtype", "weights"))
+        if unknown:
+            raise _Problem(("reference", unknown[0]), "unknown field (known: dtype, weights)")
+        if not info.context or "file" not in info.context:
+            raise TypeError("cards are built by parse_card, which gives the card's file")
+        return {**data, "reference": {k: v for k, v in reference.items() if v is not None},
+                "file": str(info.context["file"])}
+
+    @field_validator("weights", "reference_weights", mode="before")
+    @classmethod
+    def _weights_from_yaml(cls, value: Any) -> Any:
+        """`{hf: org/name, revision: main}` -> WeightSource(kind="hf", ref="org/name", revision="main")."""
+        if not isinstance(value, Mapping):
+            return value
+        known = (*WEIGHT_KINDS, "revision", "mutate", "quantize")
+        unknown = sorted(str(k) for k in value if k not in known)
+        if unknown:
+            raise _unknown(unknown[0], known)
+        value = {k: v for k, v in value.items() if v is not None}
+        kinds = [k for k in WEIGHT_KINDS if k in value]
+        if len(kinds) != 1:
+            raise _Problem((), f"give exactly one of {', '.join(WEIGHT_KINDS)}, got {kinds or 'none'}")
+        ref = value.pop(kinds[0])
+        if not isinstance(ref, str):
+            raise _Problem((kinds[0],), f"expected str, got {_kind_of(ref)}")
+        return {"kind": kinds[0], "ref": ref, **value}
+
+    @field_validator("prompts", mode="before")
+    @classmethod
+    def _named_prompt_set(cls, value: Any) -> Any:
+        return _prompt_set(value) if isinstance(value, str) else value
+
+    @field_validator("thresholds", mode="before")
+    @classmethod
+    def _thresholds(cls, value: Any) -> Thresholds:
+        return Thresholds(**ThresholdSpec.model_validate(value).model_dump())
+
+    @field_validator("platforms", mode="before")
+    @classmethod
+    def _known_platforms(cls, value: Any) -> Any:
+        for name in value if isinstance(value, Mapping) else ():
+            if name not in PLATFORMS:
+                raise _Problem((str(name),), f"unknown platform (known: {', '.join(PLATFORMS)})")
+        return value
+
+    @model_validator(mode="after")
+    def _quant_path_needs_patch(self) -> Card:
+        if "quant_path" in self.model_fields_set and self.patch is None:
+            raise _Problem(("quant_path",), "only a card with a `patch` chooses a quantized path (auto, patch or "
+                                            "kernel); this card sets no patch")
+        return self
+
+    def platform(self, name: str) -> PlatformSettings:
+        return self.platforms.get(name) or PlatformSettings()
+
+    def engine_args(self, platform: str) -> dict[str, Any]:
+        """vLLM engine arguments on `platform`: the common ones, then its overrides."""
+        return {**self.engine, **self.platform(platform).engine}
+
+    def env(self, platform: str) -> dict[str, str]:
+        return dict(self.platform(platform).env)
+
+
+# ---- loading ----
+
+
+def load_defaults(directory: Path = CATALOG_DIR) -> dict[str, Any]:
+    """The catalog's _defaults.yaml, merged under each of its cards."""
+    file = directory / DEFAULTS_NAME
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CardError(file, "<file>", f"cannot be read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise CardError(file, "<yaml>", f"not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise CardError(file, "<top>", f"the defaults are a YAML mapping, got {_kind_of(data)}")
+    return data
+
+
+def parse_card(data: Any, file: Path | str, defaults: Mapping[str, Any] | None = None) -> Card:
+    """Validate one card's raw mapping (already read from `file`) into a Card,
+    merged over `defaults` (the shipped catalog's when None)."""
+    if not isinstance(data, Mapping):
+        raise CardError(file, "<top>", "a card is a YAML mapping")
+    merged = deep_merge(load_defaults() if defaults is None else defaults, data)
+    try:
+        return Card.model_validate(merged, context={"file": file})
+    except ValidationError as exc:
+        loc, problem, where = _first_error(exc)
+        raise CardError(where or file, _dotted(loc), problem) from None
+
+
+def load_card(file: Path, defaults: Mapping[str, Any] | None = None) -> Card:
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise CardError(file, "<yaml>", f"not valid YAML: {exc}") from None
+    card = parse_card(data, file, defaults)
+    if card.name != file.stem:
+        raise CardError(file, "name", f"must match the file name {file.stem!r}, got {card.name!r}")
+    return card
+
+
+def load_catalog(directory: Path = CATALOG_DIR) -> dict[str, Card]:
+    """Every card in `directory`, over its _defaults.yaml (files starting with '_'
+    are shared data, not cards)."""
+    defaults = load_defaults(directory)
+    cards = (load_card(p, defaults) for p in sorted(directory.glob("*.yaml")) if not p.name.startswith("_"))
+    return {c.name: c for c in cards}
+
+
+def adhoc_card(model_path: Path, reference_path: Path | None = None) -> Card:
+    """A card for `--model-path`: default thresholds and prompts, architecture from config.json."""
+    config_file = model_path / "config.json"
+    if not config_file.is_file():
+        raise CardError(model_path, "--model-path", "no config.json: not a Hugging Face checkpoint directory")
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    architectures = config.get("architectures") or ["unknown"]
+    data: dict[str, Any] = {
+        "name": model_path.name,
+        "description": f"ad-hoc checkpoint from --model-path {model_path}",
+        "architecture": architectures[0],
+        "weights": {"path": str(model_path)},
+    }
+    if reference_path is not None:
+        data["reference"] = {"weights": {"path": str(reference_path)}}
+    return parse_card(data, config_file)

@@ -1,0 +1,131 @@
+"""The CPU transformers reference: greedy continuation and full logits.
+
+For each prompt the reference greedily extends the prompt by `max_tokens` tokens
+(EOS ignored, so both sides produce the same length), then runs one forward pass
+over prompt + continuation and keeps the raw logits at every position. Results
+are cached on disk keyed by everything that determines them.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+
+from npu_conformance import cache
+from npu_conformance.cards import Prompt
+from npu_conformance.cache import fingerprint
+
+
+@dataclass(frozen=True)
+class ReferenceResult:
+    prompt_ids: list[int]
+    tokens: list[int]  # greedy continuation
+    logits: np.ndarray  # [len(prompt_ids) + len(tokens) - 1, V] float32; row j predicts token j + 1
+
+    @property
+    def generated_logits(self) -> np.ndarray:
+        """Rows that predict the continuation: row i produced token i."""
+        return self.logits[len(self.prompt_ids) - 1 :]
+
+    @property
+    def full_ids(self) -> list[int]:
+        return self.prompt_ids + self.tokens
+
+
+class ReferenceRunner:
+    """transformers on CPU over one checkpoint; frees the model on exit."""
+
+    def __init__(self, checkpoint: Path, dtype: str, trust_remote_code: bool) -> None:
+        self.checkpoint = checkpoint
+        self.dtype = dtype
+        self.trust_remote_code = trust_remote_code
+        self.model = None
+
+    def __enter__(self) -> "ReferenceRunner":
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.checkpoint,
+            dtype=getattr(torch, self.dtype),
+            trust_remote_code=self.trust_remote_code,
+        ).eval()
+        return self
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.model = None
+        gc.collect()
+
+    def run(self, prompt_ids: list[int], max_tokens: int) -> ReferenceResult:
+        import torch
+
+        with torch.inference_mode():
+            ids = torch.tensor([prompt_ids])
+            out = self.model(input_ids=ids, use_cache=True)
+            tokens: list[int] = []
+            for _ in range(max_tokens):
+                token = int(out.logits[0, -1].argmax())
+                tokens.append(token)
+                out = self.model(input_ids=torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
+            # One pass over the whole sequence, as the target's teacher-forced prefill sees it.
+            full = torch.tensor([prompt_ids + tokens[:-1]])
+            logits = self.model(input_ids=full).logits[0].float().numpy()
+        return ReferenceResult(list(prompt_ids), tokens, logits)
+
+
+def tokenize_prompts(checkpoint: Path, prompts: tuple[Prompt, ...], trust_remote_code: bool) -> dict[str, list[int]]:
+    """Token ids per prompt id, with the checkpoint's own special-token rules (BOS)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=trust_remote_code)
+    return {p.id: list(tokenizer.encode(p.text)) for p in prompts}
+
+
+def reference_results(
+    checkpoint: Path,
+    dtype: str,
+    trust_remote_code: bool,
+    prompts: dict[str, list[int]],
+    max_tokens: int,
+    cache_root: Path,
+) -> dict[str, ReferenceResult]:
+    """Reference results per prompt id, from the disk cache where possible."""
+    import torch
+    import transformers
+
+    identity = [
+        fingerprint(checkpoint),
+        dtype,
+        trust_remote_code,
+        max_tokens,
+        torch.__version__,
+        transformers.__version__,
+        # A change in how the reference is computed must not reuse old results.
+        cache.digest(inspect.getsource(sys.modules[__name__])),
+    ]
+    runner: ReferenceRunner | None = None
+    results = {}
+    try:
+        for pid, ids in prompts.items():
+            path = cache_root / "reference" / f"{cache.digest(identity, ids)[:32]}.npz"
+
+            def compute() -> dict[str, np.ndarray]:
+                nonlocal runner
+                if runner is None:
+                    runner = ReferenceRunner(checkpoint, dtype, trust_remote_code).__enter__()
+                r = runner.run(ids, max_tokens)
+                return {"prompt_ids": np.array(r.prompt_ids), "tokens": np.array(r.tokens), "logits": r.logits}
+
+            path.parent.mkdir(parents=True, exist_ok=True)
+            arrays = cache.cached_arrays(path, compute)
+            results[pid] = ReferenceResult(arrays["prompt_ids"].tolist(), arrays["tokens"].tolist(), arrays["logits"])
+    finally:
+        if runner is not None:
+            runner.__exit__(None, None, None)
+    return results

@@ -1,0 +1,198 @@
+"""The target: vLLM on the current platform, one engine per card per session.
+
+The engine is built with `logprobs_mode="raw_logits"` and an unlimited
+`max_logprobs`, so every position comes back as the full raw logit vector: the
+free-running greedy output, and teacher-forced prompt positions when the
+reference continuation is fed back as the prompt. After boot the runner holds
+the engine's evidence (engines.evidence): what vLLM actually instantiated.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import gc
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+from npu_conformance import patches
+from npu_conformance.engines import evidence
+
+
+class EngineBootError(RuntimeError):
+    """vLLM failed or timed out while starting; the message carries its log tail."""
+
+
+class _LogTail(logging.Handler):
+    def __init__(self, lines: int) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.records: collections.deque[str] = collections.deque(maxlen=lines)
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(self.format(record))
+
+    def text(self) -> str:
+        return "\n".join(self.records)
+
+
+@contextlib.contextmanager
+def _env(values: Mapping[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float, what: str) -> Iterator[None]:
+    """Raise TimeoutError in the main thread after `seconds` (SIGALRM): a hung
+    boot must fail the run, not stall CI until its global limit."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: object) -> None:
+        raise TimeoutError(f"{what} did not finish within {seconds:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _dense(position: Mapping[int, Any], vocab: int) -> np.ndarray:
+    row = np.full(vocab, -np.inf, dtype=np.float32)
+    for token, logprob in position.items():
+        if token < vocab:
+            row[token] = logprob.logprob
+    return row
+
+
+class VllmRunner:
+    """Owns one vLLM engine; use as a context manager, which frees it on exit."""
+
+    def __init__(
+        self,
+        checkpoint: Path,
+        dtype: str,
+        trust_remote_code: bool,
+        engine_args: Mapping[str, Any],
+        env: Mapping[str, str],
+        boot_timeout_s: float,
+        request_timeout_s: float,
+    ) -> None:
+        self.checkpoint = checkpoint
+        self.kwargs = dict(
+            model=str(checkpoint),
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            logprobs_mode="raw_logits",
+            max_logprobs=-1,
+            # Per-request metrics (TTFT, TPOT) for the perf tests; LLM turns them off by default.
+            disable_log_stats=False,
+            # Lets the runner ask every worker what it instantiated (engines.evidence).
+            worker_extension_cls=evidence.WORKER_EXTENSION,
+            **engine_args,
+        )
+        self.env = dict(env)
+        self.boot_timeout_s = boot_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.llm = None
+        self.load_time_s: float | None = None
+        self.vocab_size = 0
+        self.evidence: dict[str, Any] = {}
+        self._log = _LogTail(200)
+        self._stack = contextlib.ExitStack()
+
+    def log_tail(self) -> str:
+        return self._log.text()
+
+    def __enter__(self) -> "VllmRunner":
+        self._stack.enter_context(_env(self.env))
+        vllm_logger = logging.getLogger("vllm")
+        vllm_logger.addHandler(self._log)
+        self._stack.callback(vllm_logger.removeHandler, self._log)
+        start = time.perf_counter()
+        records, decisions = len(patches.applied()), len(patches.decisions())
+        try:
+            with _deadline(self.boot_timeout_s, f"vLLM boot of {self.checkpoint}"):
+                from vllm import LLM
+
+                self.llm = LLM(**self.kwargs)
+                architecture = (self.llm.llm_engine.model_config.architectures or ["unknown"])[0]
+                self.evidence = evidence.collect(self.llm, architecture, records, decisions)
+        except BaseException as exc:
+            self._free()
+            self._stack.close()
+            raise EngineBootError(
+                f"vLLM failed to boot {self.checkpoint} with {self.kwargs} "
+                f"({type(exc).__name__}: {exc})\n--- engine log tail ---\n{self.log_tail()}"
+            ) from exc
+        self.load_time_s = time.perf_counter() - start
+        self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
+        return self
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._free()
+        self._stack.close()
+
+    def _free(self) -> None:
+        if self.llm is not None:
+            core = getattr(self.llm.llm_engine, "engine_core", None)
+            if core is not None:
+                core.shutdown()
+            self.llm = None
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        cleanup_dist_env_and_memory()
+        gc.collect()
+
+    def generate(self, prompts: list[list[int]], params: Any) -> list[Any]:
+        """Run token-id prompts through the engine under the request deadline."""
+        from vllm.inputs import TokensPrompt
+
+        with _deadline(self.request_timeout_s, f"vLLM generate on {self.checkpoint}"):
+            return self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+
+    def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], np.ndarray]]:
+        """Free-running greedy continuations with the raw logits that chose each token."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=-1)
+        results = []
+        for out in self.generate(prompts, params):
+            completion = out.outputs[0]
+            logits = np.stack([_dense(p, self.vocab_size) for p in completion.logprobs])
+            results.append((list(completion.token_ids), logits))
+        return results
+
+    def teacher_forced(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[np.ndarray]:
+        """Raw logits at the positions after each prompt, with the given continuation
+        fed back as prompt: row i predicts sequence[prompt_len + i]."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=-1)
+        results = []
+        for out, n in zip(self.generate(sequences, params), prompt_lens):
+            # prompt_logprobs[j] is the distribution of token j given tokens < j (None at 0).
+            rows = out.prompt_logprobs[n:]
+            results.append(np.stack([_dense(p, self.vocab_size) for p in rows]))
+        return results

@@ -1,0 +1,231 @@
+"""The suite's pytest plugin (registered as a pytest11 entry point, so it loads
+wherever pytest starts): command-line options, the run's session object, card
+parametrization and the session-wide fixtures (card, platform, report). The
+engine, reference and server fixtures live in the repo's fixtures/ folder."""
+
+from __future__ import annotations
+
+import collections
+import os
+import traceback
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from npu_conformance import reports
+from npu_conformance.cache import DEFAULT_ROOT
+from npu_conformance.cards import CATALOG_DIR, Card, CardError, WeightSource, adhoc_card, load_catalog
+from npu_conformance.compare.precision import summary_line
+from npu_conformance.perf import perf_batch_sizes
+from npu_conformance.platform import Platform, detect
+from npu_conformance.report import PrecisionReport
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("conformance", "vLLM NPU conformance")
+    group.addoption("--model", action="append", default=[], metavar="NAME",
+                    help="card to run (repeatable; default: the cards marked default, i.e. the synthetic ones)")
+    group.addoption("--model-path", type=Path, metavar="DIR",
+                    help="run an ad-hoc local checkpoint with the default thresholds and prompts")
+    group.addoption("--reference-path", type=Path, metavar="DIR",
+                    help="build the reference from this checkpoint instead of the target's (quantized vs original)")
+    group.addoption("--report-dir", type=Path, default=Path("results"), metavar="DIR",
+                    help="where precision_report.json and the other reports go (default: results/)")
+    group.addoption("--cache-dir", type=Path, metavar="DIR",
+                    default=DEFAULT_ROOT,
+                    help="synthetic checkpoints, downloads and reference results (env NPU_CONFORMANCE_CACHE)")
+    group.addoption("--weights-dir", type=Path, metavar="DIR",
+                    help="folder holding downloaded checkpoints as DIR/<org>--<name> or DIR/<name>")
+    group.addoption("--offline", action="store_true", default=os.environ.get("NPU_CONFORMANCE_OFFLINE") == "1",
+                    help="never contact a model hub (env NPU_CONFORMANCE_OFFLINE=1)")
+    group.addoption("--boot-timeout", type=float, default=600.0, metavar="S",
+                    help="seconds an engine may take to boot before the run fails it (default 600)")
+    group.addoption("--request-timeout", type=float, default=600.0, metavar="S",
+                    help="seconds one batched generate call may take (default 600)")
+    group.addoption("--catalog", type=Path, default=CATALOG_DIR, metavar="DIR",
+                    help="folder of model cards and their _defaults.yaml (default: the shipped catalog)")
+
+
+PATH_OPTIONS = ("model_path", "reference_path", "report_dir", "cache_dir", "weights_dir", "catalog")
+
+
+class ConformanceSession:
+    """One per pytest run (as pytest-benchmark's BenchmarkSession): the catalog,
+    the selected cards, the run's report and what each card's engine did."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        try:
+            self.catalog = load_catalog(config.getoption("catalog"))
+        except CardError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        self.selected = self._select()
+        self.report = PrecisionReport()
+        # Engine boots per card, and the cards whose engine is refused for the rest
+        # of the run: card name -> ("fail", boot error) or ("skip", reason).
+        self.boots: collections.Counter[str] = collections.Counter()
+        self.engine_refusals: dict[str, tuple[str, str]] = {}
+        self.report_path: Path | None = None
+        self.rendered: list[Path] = []
+        self.render_error: str | None = None
+
+    def _select(self) -> dict[str, Card]:
+        config = self.config
+        names = config.getoption("model")
+        unknown = [n for n in names if n not in self.catalog]
+        if unknown:
+            raise pytest.UsageError(f"unknown --model {unknown}; cards: {', '.join(sorted(self.catalog))}")
+        selected = {n: self.catalog[n] for n in names}
+        if path := config.getoption("model_path"):
+            try:
+                adhoc = adhoc_card(path.resolve())
+            except CardError as exc:
+                raise pytest.UsageError(str(exc)) from None
+            selected[adhoc.name] = adhoc
+        if not selected:
+            selected = {n: c for n, c in self.catalog.items() if c.default}
+        if ref := config.getoption("reference_path"):
+            source = WeightSource("path", str(ref.resolve()))
+            selected = {n: c.model_copy(update={"reference_weights": source}) for n, c in selected.items()}
+        return selected
+
+    def card(self, name: str) -> Card:
+        return {**self.catalog, **self.selected}[name]
+
+    def cards_for(self, definition: pytest.Function) -> list[Card]:
+        """The cards a test runs on: known-buggy ones for sensitivity tests (all of
+        them unless cards were named), the selected passing ones otherwise."""
+        if definition.get_closest_marker("sensitivity"):
+            explicit = self.config.getoption("model") or self.config.getoption("model_path")
+            pool = self.selected if explicit else self.catalog
+            cards = [c for c in pool.values() if c.expect.verdict == "fail"]
+        else:
+            cards = [c for c in self.selected.values() if c.expect.verdict == "pass"]
+        if definition.get_closest_marker("serving"):
+            cards = [c for c in cards if c.serve.run]
+        return cards
+
+    def finish(self) -> None:
+        """Write precision_report.json and render the reports; runs after
+        pytest-benchmark has written --benchmark-json and after the session
+        fixtures' teardown has written perf_report.json."""
+        report_dir = self.config.getoption("report_dir")
+        # Written whenever a model was seen: a serving-only run's verdicts live there too.
+        if self.report.models:
+            self.report_path = self.report.write(report_dir, detect())
+        # Only a run that booted engines renders: a unit-only run must not re-render
+        # an earlier run's files in the same directory.
+        if self.report_path is not None:
+            try:
+                self.rendered = reports.render(report_dir, benchmark_json=self.config.getoption("benchmark_json", None))
+            except Exception:  # noqa: BLE001 - a rendering bug must not hide the test results
+                self.render_error = traceback.format_exc()
+
+    def summary(self, terminalreporter: Any) -> None:
+        if self.report.ran_precision():
+            terminalreporter.section("precision conformance")
+            for name, entry in self.report.models.items():
+                if entry["prompts"]:
+                    terminalreporter.line(summary_line(name, entry["prompts"]))
+                for error in entry["errors"]:
+                    terminalreporter.line(f"ERROR {name}: {error.splitlines()[0]}")
+            terminalreporter.line(f"report: {self.report_path}")
+        if self.render_error:
+            terminalreporter.section("report rendering FAILED", red=True)
+            terminalreporter.line(self.render_error, red=True)
+            terminalreporter.line("the JSON reports are intact; retry with: python -m npu_conformance.reports "
+                                  f"{self.config.getoption('report_dir')}")
+        for path in self.rendered:
+            terminalreporter.line(f"rendered: {path}")
+
+
+SESSION = pytest.StashKey[ConformanceSession]()
+PHASES = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+def session_of(config: pytest.Config) -> ConformanceSession:
+    return config.stash[SESSION]
+
+
+def phase_report(item: pytest.Item, when: str) -> pytest.TestReport | None:
+    """The report of `item`'s setup, call or teardown phase, once that phase ran."""
+    return item.stash.get(PHASES, {}).get(when)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest picks its root directory from every argument that names an existing
+    # path, option values included: `--model-path DIR` would make DIR the root,
+    # so the suite's tests and markers would not be found.
+    for name in PATH_OPTIONS:
+        value = config.getoption(name)
+        if value is not None and Path(value).expanduser().resolve() == config.rootpath:
+            flag = "--" + name.replace("_", "-")
+            raise pytest.UsageError(f"write {flag}={value} (with '='): given as '{flag} {value}', pytest takes {value} for its root directory")
+    config.stash[SESSION] = ConformanceSession(config)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize by card (session scope, so pytest groups a card's tests and
+    boots its engine once) and, where asked, by the card's prompts or by its perf
+    batch sizes (those of every platform: no platform detection at collection)."""
+    if "card" not in metafunc.fixturenames:
+        return
+    cards = session_of(metafunc.config).cards_for(metafunc.definition)
+    # The second parameter's value carries the card's name: pytest groups a
+    # session's tests by parameter value, and a bare prompt id or batch size shared
+    # by two cards would interleave their tests and boot each engine again.
+    if "prompt_case" in metafunc.fixturenames:
+        pairs = [(c.name, (c.name, p.id)) for c in cards for p in c.prompts]
+        metafunc.parametrize(["card", "prompt_case"], pairs, indirect=["card"], scope="session",
+                             ids=[f"{c}-{p}" for c, (_, p) in pairs])
+    elif "perf_case" in metafunc.fixturenames:
+        pairs = [(c.name, (c.name, b)) for c in cards for b in perf_batch_sizes(c)]
+        metafunc.parametrize(["card", "perf_case"], pairs, indirect=["card"], scope="session",
+                             ids=[f"{c}-bs{b}" if b else c for c, (_, b) in pairs])
+    else:
+        metafunc.parametrize("card", [c.name for c in cards], indirect=True, scope="session")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Keep each phase's report in the item's stash, so a fixture's teardown can
+    record the verdict of the test it served (see phase_report)."""
+    rep = yield
+    item.stash.setdefault(PHASES, {})[rep.when] = rep
+    return rep
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if SESSION in session.config.stash:
+        session_of(session.config).finish()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if SESSION in config.stash:
+        session_of(config).summary(terminalreporter)
+
+
+@pytest.fixture(scope="session")
+def conformance(pytestconfig: pytest.Config) -> ConformanceSession:
+    return session_of(pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def platform() -> Platform:
+    return detect()
+
+
+@pytest.fixture(scope="session")
+def report(conformance: ConformanceSession) -> PrecisionReport:
+    return conformance.report
+
+
+@pytest.fixture(scope="session")
+def card(request: pytest.FixtureRequest, conformance: ConformanceSession) -> Card:
+    return conformance.card(request.param)
+
+
+@pytest.fixture
+def prompt_id(prompt_case: tuple[str, str]) -> str:
+    return prompt_case[1]

@@ -1,0 +1,74 @@
+"""The suite's machinery on real engines, where a verdict could otherwise rest
+on nothing: a model run through vLLM's Transformers backend is refused by the
+evidence check, and an engine that fails to boot is booted once per session,
+however many tests and test modules need it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+
+from npu_conformance.cards import CATALOG_DIR, Card
+from npu_conformance.compare import evidence as evidence_rules
+from npu_conformance.engines.target import VllmRunner
+from npu_conformance.platform import Platform
+from npu_conformance.weights import resolve
+
+pytestmark = pytest.mark.harness
+
+CARD = "synthetic-llama"
+
+
+def test_transformers_backend_is_refused(conformance, platform: Platform, pytestconfig: pytest.Config) -> None:
+    """vLLM's Transformers backend runs the transformers model code inside vLLM:
+    compared with the transformers reference it would pass by construction, so
+    the evidence check must fail it unless the card opts in."""
+    card: Card = conformance.card(CARD)
+    checkpoint = resolve(card.weights, pytestconfig.getoption("cache_dir"), None, True)
+    runner = VllmRunner(checkpoint, dtype=card.dtype, trust_remote_code=False,
+                        engine_args={**card.engine_args(platform.name), "model_impl": "transformers"},
+                        env=card.env(platform.name), boot_timeout_s=pytestconfig.getoption("boot_timeout"),
+                        request_timeout_s=pytestconfig.getoption("request_timeout"))
+    with runner:
+        evidence = runner.evidence
+    rules = dict(architecture=card.architecture, dtype=card.dtype, patch=None, quant_path="auto")
+    refused = evidence_rules.judge(evidence, allow_fallback=False, **rules)
+    assert not refused["passed"], evidence
+    assert any("not its native" in p and evidence["model_class"] in p for p in refused["problems"]), refused
+    assert evidence_rules.judge(evidence, allow_fallback=True, **rules)["passed"]
+
+
+def test_failed_boot_boots_once(pytestconfig: pytest.Config, tmp_path: Path) -> None:
+    """An inner run of the precision and perf modules on a card whose engine
+    cannot boot: every test of the card fails with the boot error, and the
+    report counts one boot."""
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    shutil.copy(CATALOG_DIR / "_defaults.yaml", catalog)
+    card = yaml.safe_load((CATALOG_DIR / f"{CARD}.yaml").read_text(encoding="utf-8"))
+    # Longer than the checkpoint's max_position_embeddings (2048): vLLM refuses it at boot.
+    card.update(name="unbootable", default=True, engine={"max_model_len": 1 << 20})
+    (catalog / "unbootable.yaml").write_text(yaml.safe_dump(card), encoding="utf-8")
+    junit, report_dir = tmp_path / "junit.xml", tmp_path / "report"
+    root = pytestconfig.rootpath
+    argv = [sys.executable, "-m", "pytest", str(root / "tests/test_precision.py"), str(root / "tests/test_perf.py"),
+            "-m", "precision or perf", "-p", "no:cacheprovider", "-q", f"--junitxml={junit}",
+            f"--catalog={catalog}", f"--report-dir={report_dir}", f"--cache-dir={pytestconfig.getoption('cache_dir')}"]
+    inner = subprocess.run(argv, cwd=root, capture_output=True, text=True,
+                           timeout=pytestconfig.getoption("boot_timeout") + 300)
+    context = f"inner run: {' '.join(argv)}\n{inner.stdout[-4000:]}{inner.stderr[-2000:]}"
+    cases = list(ET.parse(junit).getroot().iter("testcase"))
+    outcomes = [next((c.tag for c in case if c.tag in ("failure", "error", "skipped")), "passed") for case in cases]
+    modules = {case.get("classname") for case in cases}
+    assert len(modules) == 2 and len(cases) > 4 * 6, context  # both modules ran, every prompt's checks
+    assert set(outcomes) <= {"failure", "error"} and inner.returncode == 1, context
+    entry = json.loads((report_dir / "precision_report.json").read_text(encoding="utf-8"))["models"]["unbootable"]
+    assert entry["engine_boots"] == 1, context
+    assert len(entry["errors"]) == 1 and "max_model_len" in entry["errors"][0], entry["errors"]
