@@ -42,6 +42,7 @@ from pydantic_core import ErrorDetails
 
 from npu_conformance.compare.metrics import Thresholds
 from npu_conformance.merge import deep_merge
+from npu_conformance.patches import ENV as DEQUANT_ENV
 
 CATALOG_DIR = Path(__file__).parent / "catalog"
 DEFAULTS_NAME = "_defaults.yaml"
@@ -555,7 +556,13 @@ class Card(_Section):
         return {**self.engine, **self.platform(platform).engine}
 
     def env(self, platform: str) -> dict[str, str]:
-        return dict(self.platform(platform).env)
+        """Environment of the card's engines and servers on `platform`. A card that
+        tests the load-time patch (quant_path: patch) forces it on, whatever
+        kernels vLLM has here."""
+        env = dict(self.platform(platform).env)
+        if self.patch and self.quant_path == "patch":
+            env[DEQUANT_ENV] = "on"
+        return env
 
 
 # ---- loading ----

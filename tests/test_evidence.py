@@ -17,7 +17,6 @@ import yaml
 
 from npu_conformance.cards import CATALOG_DIR, Card
 from npu_conformance.compare import evidence as evidence_rules
-from npu_conformance.engines.target import VllmRunner
 from npu_conformance.platform import Platform
 from npu_conformance.weights import resolve
 
@@ -26,18 +25,33 @@ pytestmark = pytest.mark.harness
 CARD = "synthetic-llama"
 
 
+# Run in a process of its own: vLLM's Transformers backend rewires transformers'
+# model classes for the whole process, which would break every later reference.
+BOOT_WITH_FALLBACK = """
+import json, sys
+from pathlib import Path
+from npu_conformance.engines.target import VllmRunner
+checkpoint, dtype, engine_args, env, boot_s, request_s = json.loads(sys.argv[1])
+runner = VllmRunner(Path(checkpoint), dtype=dtype, trust_remote_code=False, engine_args=engine_args, env=env,
+                    boot_timeout_s=boot_s, request_timeout_s=request_s)
+with runner:
+    print("EVIDENCE " + json.dumps(runner.evidence))
+"""
+
+
 def test_transformers_backend_is_refused(conformance, platform: Platform, pytestconfig: pytest.Config) -> None:
     """vLLM's Transformers backend runs the transformers model code inside vLLM:
     compared with the transformers reference it would pass by construction, so
     the evidence check must fail it unless the card opts in."""
     card: Card = conformance.card(CARD)
     checkpoint = resolve(card.weights, pytestconfig.getoption("cache_dir"), None, True)
-    runner = VllmRunner(checkpoint, dtype=card.dtype, trust_remote_code=False,
-                        engine_args={**card.engine_args(platform.name), "model_impl": "transformers"},
-                        env=card.env(platform.name), boot_timeout_s=pytestconfig.getoption("boot_timeout"),
-                        request_timeout_s=pytestconfig.getoption("request_timeout"))
-    with runner:
-        evidence = runner.evidence
+    args = [str(checkpoint), card.dtype, {**card.engine_args(platform.name), "model_impl": "transformers"},
+            card.env(platform.name), pytestconfig.getoption("boot_timeout"), pytestconfig.getoption("request_timeout")]
+    proc = subprocess.run([sys.executable, "-c", BOOT_WITH_FALLBACK, json.dumps(args)], capture_output=True,
+                          text=True, timeout=pytestconfig.getoption("boot_timeout") + 120)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("EVIDENCE ")), None)
+    assert proc.returncode == 0 and line, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    evidence = json.loads(line.removeprefix("EVIDENCE "))
     rules = dict(architecture=card.architecture, dtype=card.dtype, patch=None, quant_path="auto")
     refused = evidence_rules.judge(evidence, allow_fallback=False, **rules)
     assert not refused["passed"], evidence

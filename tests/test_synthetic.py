@@ -127,20 +127,20 @@ def test_cache_key_follows_mutate(llama: Path, cache: Path) -> None:
     assert len({llama, a, c, d}) == 4
 
 
-def test_base_key_follows_recipe_and_corpus() -> None:
+def testbase_key_follows_recipe_and_corpus() -> None:
     spec = synthetic.load_recipes()
-    key = synthetic._base_key("llama", spec)
-    assert synthetic._base_key("llama", copy.deepcopy(spec)) == key
+    key = synthetic.base_key("llama", spec)
+    assert synthetic.base_key("llama", copy.deepcopy(spec)) == key
     for path, value in [(("recipes", "llama", "train", "steps"), 1), (("tokenizer", "eos_token"), "</s>")]:
         changed = copy.deepcopy(spec)
         node = changed
         for part in path[:-1]:
             node = node[part]
         node[path[-1]] = value
-        assert synthetic._base_key("llama", changed) != key, path
+        assert synthetic.base_key("llama", changed) != key, path
     fewer_files = {**spec, "corpus": spec["corpus"][:-1]}
-    assert synthetic._base_key("llama", fewer_files) != key
-    assert synthetic._base_key("granite", spec) != key
+    assert synthetic.base_key("llama", fewer_files) != key
+    assert synthetic.base_key("granite", spec) != key
 
 
 def test_invalid_dir_is_rebuilt(llama: Path, cache: Path) -> None:
@@ -154,13 +154,13 @@ def test_invalid_dir_is_rebuilt(llama: Path, cache: Path) -> None:
 def test_concurrent_builders_build_once(llama: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # flock locks belong to open file descriptions, so threads contend like processes.
     calls = []
-    real = synthetic._build_mutant
+    real = synthetic.build_mutant
 
     def counting(*args: object) -> None:
         calls.append(args)
         real(*args)
 
-    monkeypatch.setattr(synthetic, "_build_mutant", counting)
+    monkeypatch.setattr(synthetic, "build_mutant", counting)
     mutate = {"zero": ["model.norm."]}
     results: list[Path] = []
     threads = [
@@ -191,3 +191,27 @@ def test_every_recipe_has_an_architecture_and_config() -> None:
         config = getattr(transformers, entry["architecture"]).config_class(**entry["config"])
         assert config.vocab_size == entry["config"]["vocab_size"], name
         assert config.head_dim == 64, name
+
+
+@pytest.mark.unit
+def test_quantized_cards_have_real_checkpoint_shapes() -> None:
+    """Every synthetic quantized card's linear layers are whole blocks (FP8) or
+    whole groups (GPTQ), as real checkpoints are: vLLM's own loaders (the kernel
+    path, e.g. with AMX) refuse partial blocks that the patch would tolerate."""
+    from npu_conformance.cards import load_catalog
+    from npu_conformance.quantize import normalise_spec
+
+    recipes = synthetic.load_recipes()["recipes"]
+    checked = []
+    for card in load_catalog().values():
+        for source in (card.weights, card.reference_weights):
+            if source is None or source.kind != "synthetic" or not source.quantize:
+                continue
+            spec = normalise_spec({k: v for k, v in source.quantize.items() if k != "fake"})
+            config = recipes[source.ref]["config"]
+            dims = {"hidden_size": config["hidden_size"], "intermediate_size": config["intermediate_size"]}
+            unit = spec["block_size"][0] if spec["method"] == "fp8_block" else spec["group_size"]
+            bad = {k: v for k, v in dims.items() if v % unit}
+            assert not bad, f"{card.name}: {bad} not multiples of the {spec['method']} unit {unit}"
+            checked.append(card.name)
+    assert {"synthetic-qwen3-fp8", "synthetic-qwen2-gptq"} <= set(checked)
