@@ -276,6 +276,9 @@ EnvVars = Annotated[dict[StrictStr, StrictStr], BeforeValidator(_env_strings)]
 class Prompt(_Positional):
     id: StrictStr
     text: StrictStr
+    # Long-context prompts: the text repeated and cut to this many tokens, or
+    # `fill`: as many as the card's max_model_len leaves beside the generated tokens.
+    length: PositiveInt | Literal["fill"] | None = None
 
 
 PromptList = Annotated[tuple[Prompt, ...], BeforeValidator(_keyword_items), Field(min_length=1),
@@ -395,6 +398,22 @@ class PerfSpec(_Section):
         return self
 
 
+# Joins a card's name and a condition's in a variant's name.
+VARIANT_MARK = "+"
+ConditionName = Literal["single", "batch", "prefix_cache", "chunked_prefill", "graph"]
+
+
+class ConditionSpec(_Section):
+    """One serving condition the card's prompts run under again, compared with
+    the same reference and checks (npu_conformance/conditions.py says how each runs)."""
+
+    run: StrictBool
+    # Engine arguments over the card's: a condition with any gets an engine of its own.
+    engine: EngineOptions = Field(default_factory=dict)
+    # `batch`: how many requests go in one call (the prompts cycled, mixed lengths).
+    batch_size: PositiveInt | None = None
+
+
 class PlatformSettings(_Section):
     engine: EngineOptions = Field(default_factory=dict)
     env: EnvVars = Field(default_factory=dict)
@@ -423,6 +442,7 @@ class ThresholdSpec(_Section):
     tie_margin: Annotated[StrictFloat, Field(ge=0)]
     logprob_top_k: PositiveInt
     logprob_floor: PositiveNumber
+    position_logprob_rel_err: PositiveNumber
 
     @model_validator(mode="after")
     def _ranges(self) -> ThresholdSpec:
@@ -477,6 +497,7 @@ class Card(_Section):
     max_tokens: PositiveInt
     thresholds: Thresholds
     platforms: dict[PlatformName, PlatformSettings] = Field(default_factory=dict)
+    conditions: dict[ConditionName, ConditionSpec] = Field(default_factory=dict)
     default: StrictBool
     patch: Literal["fp8_block", "gptq"] | None = None
     # With a patch: auto = the patch or vLLM's own quantized kernel may run; patch =
@@ -487,9 +508,12 @@ class Card(_Section):
     allow_model_impl_fallback: StrictBool
     expect: Expectation = Expectation(verdict="pass")
 
+    # Set only on a variant (Card.variant): the condition whose engine arguments it adds.
+    condition: ConditionName | None = None
+
     @classmethod
     def _yaml_keys(cls) -> frozenset[str]:
-        return super()._yaml_keys() - {"file"}
+        return super()._yaml_keys() - {"file", "condition"}
 
     @classmethod
     def _from_yaml(cls, data: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
@@ -552,8 +576,30 @@ class Card(_Section):
         return self.platforms.get(name) or PlatformSettings()
 
     def engine_args(self, platform: str) -> dict[str, Any]:
-        """vLLM engine arguments on `platform`: the common ones, then its overrides."""
-        return {**self.engine, **self.platform(platform).engine}
+        """vLLM engine arguments on `platform`: the common ones, then its overrides,
+        then those of the variant's condition."""
+        extra = self.conditions[self.condition].engine if self.condition else {}
+        return {**self.engine, **self.platform(platform).engine, **extra}
+
+    @property
+    def base_name(self) -> str:
+        return self.name.split(VARIANT_MARK)[0]
+
+    def variant(self, condition: str) -> "Card":
+        """The card with a condition's engine arguments: its own engine, named
+        `<card>+<condition>`, booted after the card's own engine is freed (two
+        in-process engines would share, and tear down, one distributed state)."""
+        return self.model_copy(update={"name": f"{self.name}{VARIANT_MARK}{condition}", "condition": condition})
+
+    def run_conditions(self) -> list[str]:
+        """The conditions this card runs, in the catalog's order."""
+        return [name for name, spec in self.conditions.items() if spec.run]
+
+    def fill_tokens(self, platform: str) -> int | None:
+        """Prompt tokens a `length: fill` prompt gets on `platform`: the context
+        minus the generated tokens, minus the one the teacher-forced pass asks for."""
+        max_model_len = self.engine_args(platform).get("max_model_len")
+        return None if max_model_len is None else max_model_len - self.max_tokens - 1
 
     def env(self, platform: str) -> dict[str, str]:
         """Environment of the card's engines and servers on `platform`. A card that

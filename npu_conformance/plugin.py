@@ -15,7 +15,7 @@ import pytest
 
 from npu_conformance import reports
 from npu_conformance.cache import DEFAULT_ROOT
-from npu_conformance.cards import CATALOG_DIR, Card, CardError, WeightSource, adhoc_card, load_catalog
+from npu_conformance.cards import CATALOG_DIR, VARIANT_MARK, Card, CardError, WeightSource, adhoc_card, load_catalog
 from npu_conformance.compare.precision import summary_line
 from npu_conformance.perf import perf_batch_sizes
 from npu_conformance.platform import Platform, detect
@@ -91,7 +91,10 @@ class ConformanceSession:
         return selected
 
     def card(self, name: str) -> Card:
-        return {**self.catalog, **self.selected}[name]
+        """A card by name, or a variant of one (`<card>+<condition>`)."""
+        base, _, condition = name.partition(VARIANT_MARK)
+        card = {**self.catalog, **self.selected}[base]
+        return card.variant(condition) if condition else card
 
     def cards_for(self, definition: pytest.Function) -> list[Card]:
         """The cards a test runs on: known-buggy ones for sensitivity tests (all of
@@ -179,6 +182,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         pairs = [(c.name, (c.name, p.id)) for c in cards for p in c.prompts]
         metafunc.parametrize(["card", "prompt_case"], pairs, indirect=["card"], scope="session",
                              ids=[f"{c}-{p}" for c, (_, p) in pairs])
+    elif "condition_case" in metafunc.fixturenames:
+        # A condition with engine arguments runs on a variant card with an engine of its own.
+        triples = [(c.variant(k).name if c.conditions[k].engine else c.name, (c.name, k, p.id))
+                   for c in cards for k in c.run_conditions() for p in c.prompts]
+        metafunc.parametrize(["card", "condition_case"], triples, indirect=["card"], scope="session",
+                             ids=[f"{c}-{k}-{p}" for c, (_, k, p) in triples])
     elif "perf_case" in metafunc.fixturenames:
         pairs = [(c.name, (c.name, b)) for c in cards for b in perf_batch_sizes(c)]
         metafunc.parametrize(["card", "perf_case"], pairs, indirect=["card"], scope="session",

@@ -135,9 +135,11 @@ def _pct(value: float | None) -> str:
 def _figure_value(name: str, value: Any) -> str:
     if value is None:
         return "—"
+    # The decode path's checks are the teacher-forced ones, on other logits.
+    name = name.removeprefix("decode_")
     if name == "cosine":
         return f"{value:.7f}"
-    if name == "logprob_rel_err":
+    if name in ("logprob_rel_err", "logprob_rel_err_position"):
         return _pct(value)
     return f"{value:.1%}"
 
@@ -304,6 +306,17 @@ def _verification(m: Model, verdict: Callable[[str], str]) -> list[dict[str, Any
             if m.prompts else none("text"), graph, serving]
 
 
+def _condition(name: str, run: dict[str, Any], verdict: Callable[[str], str]) -> dict[str, Any]:
+    """One serving condition's row: its verdict, prompts passed, and what shows it took effect."""
+    if "error" in run:
+        return {"name": name, "verdict": verdict("error"), "prompts": "—", "evidence": run["error"].splitlines()[0]}
+    prompts = run["prompts"].values()
+    shown = {k: v for k, v in run["evidence"].items() if k not in ("engine_evidence", "problems")}
+    return {"name": name, "verdict": verdict("pass" if run["passed"] else "fail"),
+            "prompts": f"{sum(p['copies_passed'] == p['copies'] for p in prompts)}/{len(run['prompts'])}",
+            "evidence": "; ".join([*(f"{k}={v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}" for k, v in shown.items()), *run["evidence"]["problems"]])}
+
+
 def _precision(m: Model, decoder: Decoder, files: dict[str, Path], verdict: Callable[[str], str]) -> dict[str, Any]:
     e = m.entry or {}
     prompts = m.prompts.items()
@@ -315,6 +328,7 @@ def _precision(m: Model, decoder: Decoder, files: dict[str, Path], verdict: Call
                          _num(p.get("max_abs_logprob_err"), ".2e"), f"{p['cosine_min']:.7f} / {p['cosine_mean']:.7f}",
                          _num(p.get("kl_max"), ".2e"), _num(p.get("top5_overlap_mean"), ".1%"),
                          verdict("pass" if p["passed"] else "fail")] for pid, p in prompts],
+        "conditions": [_condition(name, run, verdict) for name, run in e.get("conditions", {}).items()],
         "mismatches": "; ".join(f"{pid} {p['top1_mismatch_positions']}" for pid, p in prompts
                                 if p.get("top1_mismatch_positions")),
         "greedy": [{"id": pid, "prefix": p["greedy_prefix"], "length": p["greedy_len"],

@@ -129,3 +129,13 @@ def test_fingerprint_sees_a_changed_tensor(tiny_checkpoint, tmp_path):
     tensors[name] = tensors[name] * 0
     save_file(tensors, copy / "model.safetensors", metadata={"format": "pt"})
     assert fingerprint(copy) != fingerprint(tiny_checkpoint)
+
+
+def test_long_prompts_are_repeated_and_cut(tiny_checkpoint):
+    prompts = (Prompt("plain", "abc"), Prompt("long", "abc", 10), Prompt("fill", "xy", "fill"))
+    ids = tokenize_prompts(tiny_checkpoint, prompts, False, fill_tokens=7)
+    assert ids["plain"] == [0, 1, 2]
+    assert ids["long"] == [0, 1, 2] * 3 + [0]
+    assert ids["fill"] == [23, 24] * 3 + [23]
+    with pytest.raises(ValueError, match="length: fill"):
+        tokenize_prompts(tiny_checkpoint, prompts[2:], False)

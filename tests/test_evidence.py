@@ -67,8 +67,8 @@ def test_failed_boot_boots_once(pytestconfig: pytest.Config, tmp_path: Path) -> 
     catalog.mkdir()
     shutil.copy(CATALOG_DIR / "_defaults.yaml", catalog)
     card = yaml.safe_load((CATALOG_DIR / f"{CARD}.yaml").read_text(encoding="utf-8"))
-    # Longer than the checkpoint's max_position_embeddings (2048): vLLM refuses it at boot.
-    card.update(name="unbootable", default=True, engine={"max_model_len": 1 << 20})
+    # A memory fraction above 1: vLLM's cache config refuses it at boot, on any platform.
+    card.update(name="unbootable", default=True, engine={"gpu_memory_utilization": 5.0})
     (catalog / "unbootable.yaml").write_text(yaml.safe_dump(card), encoding="utf-8")
     junit, report_dir = tmp_path / "junit.xml", tmp_path / "report"
     root = pytestconfig.rootpath
@@ -85,4 +85,4 @@ def test_failed_boot_boots_once(pytestconfig: pytest.Config, tmp_path: Path) -> 
     assert set(outcomes) <= {"failure", "error"} and inner.returncode == 1, context
     entry = json.loads((report_dir / "precision_report.json").read_text(encoding="utf-8"))["models"]["unbootable"]
     assert entry["engine_boots"] == 1, context
-    assert len(entry["errors"]) == 1 and "max_model_len" in entry["errors"][0], entry["errors"]
+    assert len(entry["errors"]) == 1 and "gpu_memory_utilization" in entry["errors"][0], entry["errors"]

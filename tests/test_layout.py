@@ -27,7 +27,7 @@ LAYERS = [
     ["synthetic", "quantize", "weights"],
     ["engines"],
     ["compare"],
-    ["perf", "serving", "report"],
+    ["perf", "serving", "report", "conditions"],
     ["reports", "plugin", "cli"],
     ["fixtures"],
 ]

@@ -156,7 +156,8 @@ def test_greedy_divergence_is_tie():
 
 def _thresholds(**kw) -> m.Thresholds:
     base = dict(
-        logprob_rel_err=0.05, cosine=0.99, tie_margin=0.02, logprob_top_k=5, logprob_floor=0.1
+        logprob_rel_err=0.05, cosine=0.99, tie_margin=0.02, logprob_top_k=5, logprob_floor=0.1,
+        position_logprob_rel_err=0.2,
     )
     return m.Thresholds(**{**base, **kw})
 
@@ -181,10 +182,12 @@ def _plain(obj) -> bool:
 
 def test_compare_report_shape_and_serialisable(case):
     ref, tgt, tokens = case
-    r = m.compare(ref, tgt, tokens, tokens, ref, _thresholds())
+    r = m.compare(ref, tgt, tokens, tokens, ref, tgt, _thresholds())
     json.dumps(r, allow_nan=False)
     assert _plain(r)
-    assert set(r["checks"]) == {"top1", "logprob_rel_err", "cosine", "greedy"}
+    assert set(r["checks"]) == {"top1", "logprob_rel_err", "cosine", "logprob_rel_err_position", "greedy",
+                                "decode_top1", "decode_logprob_rel_err", "decode_cosine",
+                                "decode_logprob_rel_err_position"}
     assert r["positions"] == 4 and r["top1_first"] is True
     assert r["top1_rate"] == 1.0 and r["top1_exact_rate"] == 0.75
     assert r["top1_mismatch_positions"] == []
@@ -197,7 +200,7 @@ def test_compare_verdicts_flip_at_thresholds(case):
     ref, tgt, tokens = case
 
     def run(**kw):
-        return m.compare(ref, tgt, tokens, tokens, ref, _thresholds(**kw))
+        return m.compare(ref, tgt, tokens, tokens, ref, tgt, _thresholds(**kw))
 
     r = run()
     rel, cos = r["logprob_rel_err_mean"], r["cosine_mean"]
@@ -218,7 +221,7 @@ def test_compare_greedy_check(case):
     real = tokens[:2] + [int(ref[2].argmin()), tokens[3]]
 
     def greedy(tgt_tokens, **kw):
-        r = m.compare(ref, tgt, tokens, tgt_tokens, ref, _thresholds(**kw))
+        r = m.compare(ref, tgt, tokens, tgt_tokens, ref, tgt, _thresholds(**kw))
         return r["checks"]["greedy"]["passed"], r["greedy_ratio"]
 
     assert greedy(tokens) == (True, 1.0)
@@ -234,3 +237,38 @@ def test_top_probs_orders_tokens_by_probability():
     rows = m.top_probs(np.array([0.0, 2.0, 1.0, -1.0]), 2)
     assert [r[0] for r in rows] == [1, 2]
     assert rows[0][1] == pytest.approx(math.exp(2) / sum(math.exp(x) for x in (0, 2, 1, -1)))
+
+
+def test_position_local_rule_catches_what_the_mean_dilutes(rng):
+    """A fault at 2 of 40 positions moves the mean little and the worst position a lot."""
+    ref = rng.normal(size=(40, 64)) * 3
+    tgt = ref.copy()
+    tgt[[30, 31]] = ref[[30, 31]] * 1.3  # e.g. a wrong RoPE past a KV block
+    figures, checks = m.logit_figures(ref, tgt, _thresholds(logprob_rel_err=0.05, position_logprob_rel_err=0.05))
+    assert checks["logprob_rel_err"]["passed"] and not checks["logprob_rel_err_position"]["passed"], figures
+    assert figures["logprob_rel_err_worst_position"] in (30, 31)
+    assert figures["logprob_rel_err_position_max"] > 5 * figures["logprob_rel_err_mean"]
+
+
+def test_decode_compared_up_to_first_divergence(case):
+    ref, tgt, tokens = case
+    # Decode logits wrong from step 2 on, where the greedy sequences have diverged at a far-from-tie token.
+    decode = ref.copy()
+    decode[2:] = -ref[2:]
+    other = tokens[:2] + [int(ref[2].argmin()), tokens[3]]
+    r = m.compare(ref, ref, tokens, other, ref, decode, _thresholds())
+    # Rows 0..2 share a context: row 2 is where the target chose the other token.
+    assert r["decode"]["positions"] == 3
+    assert not r["checks"]["decode_top1"]["passed"] and not r["checks"]["greedy"]["passed"]
+    # Teacher-forced rows are the reference's own: that part passes.
+    assert r["checks"]["top1"]["passed"] and r["checks"]["cosine"]["passed"]
+    clean = m.compare(ref, ref, tokens, tokens, ref, ref, _thresholds())
+    assert clean["decode"]["positions"] == 4 and clean["passed"]
+
+
+def test_first_generated_row_is_the_one_after_the_prompt(case):
+    ref, tgt, tokens = case
+    shifted = tgt.copy()
+    shifted[1] = -ref[1]  # wrong at the first generated row, with one prompt row before it
+    r = m.compare(ref, shifted, tokens[1:], tokens[1:], ref[1:], ref[1:], _thresholds(), first_generated=1)
+    assert r["prompt_positions"] == 1 and r["top1_first"] is False

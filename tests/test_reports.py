@@ -69,6 +69,11 @@ def _run(directory: Path) -> None:
                                            "reason": "no kernel for it here: Failed to find a kernel"},
                           "verdict": {"passed": False, "allowed_quant_paths": ["kernel", "patch"],
                                       "problems": ["vLLM ran LlamaForCausalLM through TransformersForCausalLM"]}},
+             "conditions": {
+                 "prefix_cache": {"passed": True, "evidence": {"block_size": 128, "cached_tokens": {"en": 256},
+                                                               "problems": []},
+                                  "prompts": {"en": {"copies": 1, "copies_passed": 1}}},
+                 "graph": {"passed": False, "error": "vLLM failed to boot /m (RuntimeError: no compiler)\ntail"}},
              "prompts": {"en": _prompt("The capital of France is", 50, True, 1.0),
                          "zh": _prompt("你好", 36, False, 0.98)},
              "serving": {"verdict": "passed",
@@ -133,6 +138,9 @@ def test_every_section_in_both_languages(rendered: tuple[str, Path, list[Path]])
     for picture in ("throughput.png", "logprob_error.png", "top1.png"):
         assert f"]({picture})" in doc
     assert "| `gptq` | model=Qwen2ForCausalLM, tensors=4, bytes_after=400 |" in doc
+    # Each serving condition with the evidence that it took effect, or its boot error.
+    assert f"| `prefix_cache` | {t['verdicts']['pass']} | 1/1 | block_size=128; cached_tokens={{\"en\": 256}} |" in doc
+    assert f"| `graph` | {t['verdicts']['error']} | — | vLLM failed to boot /m (RuntimeError: no compiler) |" in doc
     # The evidence: what ran, why that quantization path, and what the card's verdict on it found.
     a = t["adaptation"]
     assert f"| {a['model_class']} | `vllm.model_executor.models.transformers.TransformersForCausalLM` |" in doc

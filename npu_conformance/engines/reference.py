@@ -79,12 +79,28 @@ class ReferenceRunner:
         return ReferenceResult(list(prompt_ids), tokens, logits)
 
 
-def tokenize_prompts(checkpoint: Path, prompts: tuple[Prompt, ...], trust_remote_code: bool) -> dict[str, list[int]]:
-    """Token ids per prompt id, with the checkpoint's own special-token rules (BOS)."""
+def tokenize_prompts(checkpoint: Path, prompts: tuple[Prompt, ...], trust_remote_code: bool,
+                     fill_tokens: int | None = None) -> dict[str, list[int]]:
+    """Token ids per prompt id, with the checkpoint's own special-token rules (BOS).
+    A prompt with a `length` is its text repeated and cut to that many tokens;
+    `length: fill` takes `fill_tokens` (what the context leaves for the prompt)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=trust_remote_code)
-    return {p.id: list(tokenizer.encode(p.text)) for p in prompts}
+    out = {}
+    for p in prompts:
+        ids = list(tokenizer.encode(p.text))
+        if p.length is not None:
+            n = fill_tokens if p.length == "fill" else p.length
+            if n is None:
+                raise ValueError(f"prompt {p.id!r} has length: fill, and the card sets no max_model_len to fill")
+            # The repeats carry no BOS of their own: one sequence, as a long document is.
+            body = list(tokenizer.encode(p.text, add_special_tokens=False)) or ids
+            while len(ids) < n:
+                ids += body
+            ids = ids[:n]
+        out[p.id] = ids
+    return out
 
 
 def reference_results(

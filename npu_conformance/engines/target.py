@@ -17,6 +17,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Iterator, Mapping
@@ -86,6 +87,15 @@ def _dense(position: Mapping[int, Any], vocab: int) -> np.ndarray:
     return row
 
 
+@dataclass(frozen=True)
+class TargetResult:
+    """One prompt's outputs of both target passes."""
+
+    tokens: list[int]  # free-running greedy continuation
+    greedy_logits: np.ndarray  # [N, V] raw logits that chose each greedy token (the decode path)
+    forced_logits: np.ndarray  # [P + N - 1, V] teacher-forced over prompt and reference continuation
+
+
 class VllmRunner:
     """Owns one vLLM engine; use as a context manager, which frees it on exit."""
 
@@ -119,6 +129,7 @@ class VllmRunner:
         self.load_time_s: float | None = None
         self.vocab_size = 0
         self.evidence: dict[str, Any] = {}
+        self.cached_tokens: list[int] = []
         self._log = _LogTail(200)
         self._stack = contextlib.ExitStack()
 
@@ -170,7 +181,10 @@ class VllmRunner:
         from vllm.inputs import TokensPrompt
 
         with _deadline(self.request_timeout_s, f"vLLM generate on {self.checkpoint}"):
-            return self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        # Evidence of prefix-cache hits, per request of the last call.
+        self.cached_tokens = [o.num_cached_tokens or 0 for o in outputs]
+        return outputs
 
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], np.ndarray]]:
         """Free-running greedy continuations with the raw logits that chose each token."""
@@ -184,15 +198,12 @@ class VllmRunner:
             results.append((list(completion.token_ids), logits))
         return results
 
-    def teacher_forced(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[np.ndarray]:
-        """Raw logits at the positions after each prompt, with the given continuation
-        fed back as prompt: row i predicts sequence[prompt_len + i]."""
+    def teacher_forced(self, sequences: list[list[int]]) -> list[np.ndarray]:
+        """Raw logits at every position of each sequence fed as a prompt (one
+        prefill): row j predicts sequence[j + 1], as the reference's rows do."""
         from vllm import SamplingParams
 
         params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=-1)
-        results = []
-        for out, n in zip(self.generate(sequences, params), prompt_lens):
-            # prompt_logprobs[j] is the distribution of token j given tokens < j (None at 0).
-            rows = out.prompt_logprobs[n:]
-            results.append(np.stack([_dense(p, self.vocab_size) for p in rows]))
-        return results
+        # prompt_logprobs[j] is the distribution of token j given tokens < j (None at 0).
+        return [np.stack([_dense(p, self.vocab_size) for p in out.prompt_logprobs[1:]])
+                for out in self.generate(sequences, params)]
