@@ -15,21 +15,11 @@ from typing import Any, Callable
 
 from npu_conformance.cards import Card, ConditionSpec
 from npu_conformance.compare import metrics
-from npu_conformance.compare.precision import compare
+from npu_conformance.compare.precision import compare, run_passes
 from npu_conformance.engines.reference import ReferenceResult
 from npu_conformance.engines.target import TargetResult, VllmRunner
 
 Results = dict[str, list[TargetResult]]
-
-
-def _run(runner: VllmRunner, reference: dict[str, ReferenceResult], ids: list[str], max_tokens: int
-         ) -> tuple[list[TargetResult], list[int]]:
-    """Both passes over `ids` (prompt ids, repeats allowed) in one call each;
-    returns the results and the greedy pass's cached tokens per request."""
-    greedy = runner.greedy([reference[i].prompt_ids for i in ids], max_tokens)
-    cached = list(runner.cached_tokens)
-    forced = runner.teacher_forced([reference[i].full_ids for i in ids])
-    return [TargetResult(g[0], g[1], f) for g, f in zip(greedy, forced)], cached
 
 
 def _single(runner: VllmRunner, reference: dict[str, ReferenceResult], spec: ConditionSpec, max_tokens: int
@@ -37,7 +27,7 @@ def _single(runner: VllmRunner, reference: dict[str, ReferenceResult], spec: Con
     out: Results = {}
     for pid in reference:
         runner.llm.reset_prefix_cache()
-        out[pid] = _run(runner, reference, [pid], max_tokens)[0]
+        out[pid] = run_passes(runner, reference, [pid], max_tokens)
     return out, {"requests_per_call": 1}
 
 
@@ -46,7 +36,7 @@ def _batch(runner: VllmRunner, reference: dict[str, ReferenceResult], spec: Cond
     size = spec.batch_size or len(reference)
     ids = list(itertools.islice(itertools.cycle(reference), max(size, len(reference))))
     runner.llm.reset_prefix_cache()
-    results, _ = _run(runner, reference, ids, max_tokens)
+    results = run_passes(runner, reference, ids, max_tokens)
     out: Results = {}
     for pid, result in zip(ids, results):
         out.setdefault(pid, []).append(result)
@@ -62,9 +52,9 @@ def _prefix_cache(runner: VllmRunner, reference: dict[str, ReferenceResult], spe
     for pid in reference:
         runner.llm.reset_prefix_cache()
         # The first request fills the cache with the prompt's blocks; the second shares them.
-        _run(runner, reference, [pid], max_tokens)
-        results, hits = _run(runner, reference, [pid], max_tokens)
-        out[pid], cached[pid] = results, hits[0]
+        run_passes(runner, reference, [pid], max_tokens)
+        out[pid] = run_passes(runner, reference, [pid], max_tokens)
+        cached[pid] = out[pid][0].cached_tokens
     problems = [f"prompt {pid} ({len(reference[pid].prompt_ids)} tokens) read {n} cached tokens, "
                 f"expected at least one {block}-token block" for pid, n in cached.items()
                 if len(reference[pid].prompt_ids) >= block and n < block]
@@ -78,7 +68,7 @@ def _engine_condition(runner: VllmRunner, reference: dict[str, ReferenceResult],
     """A condition made of engine arguments: the main run's passes on its own engine."""
     runner.llm.reset_prefix_cache()
     ids = list(reference)
-    results, _ = _run(runner, reference, ids, max_tokens)
+    results = run_passes(runner, reference, ids, max_tokens)
     config = runner.llm.llm_engine.vllm_config
     budget = config.scheduler_config.max_num_batched_tokens
     longest = max(len(r.full_ids) for r in reference.values())

@@ -94,6 +94,7 @@ class TargetResult:
     tokens: list[int]  # free-running greedy continuation
     greedy_logits: np.ndarray  # [N, V] raw logits that chose each greedy token (the decode path)
     forced_logits: np.ndarray  # [P + N - 1, V] teacher-forced over prompt and reference continuation
+    cached_tokens: int = 0  # prefix-cache hits of the greedy request
 
 
 class VllmRunner:
