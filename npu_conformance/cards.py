@@ -422,16 +422,35 @@ class PlatformSettings(_Section):
 
 class Expectation(_Section):
     """`fail` marks a known-buggy card: the sensitivity tests require the checks
-    in `caught_by` to fail on it."""
+    in `caught_by` to fail on every prompt its fault reaches (`reaches`, default
+    all), every check to pass on the prompts it does not reach, the checks in
+    `passes` to pass on every prompt (they do not reach the faulty path), and each
+    condition in `conditions` to give its verdict."""
 
     verdict: Literal["pass", "fail"]
     caught_by: tuple[StrictStr, ...] = ()
+    reaches: tuple[StrictStr, ...] = ()
+    passes: tuple[StrictStr, ...] = ()
+    # Conditions without engine arguments only: they run on the card's own engine.
+    conditions: dict[ConditionName, Literal["pass", "fail"]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _fail_names_its_checks(self) -> Expectation:
         if self.verdict == "fail" and not self.caught_by:
             raise _Problem(("caught_by",), "is required (the checks that must fail) with verdict fail")
+        if both := sorted(set(self.caught_by) & set(self.passes)):
+            raise _Problem(("passes",), f"{both} cannot both fail (caught_by) and pass")
         return self
+
+
+class FaultSpec(_Section):
+    """A known fault built into the target engine (engines.faults), for sensitivity
+    cards: the final hidden states of the tokens on `path` scaled by 1 +- `scale`."""
+
+    path: Literal["decode", "past_block", "batch"]
+    scale: PositiveNumber
+    # `batch`: steps holding at least this many sequences.
+    min_batch: PositiveInt = 8
 
 
 class ThresholdSpec(_Section):
@@ -507,6 +526,7 @@ class Card(_Section):
     # (e.g. its Transformers backend).
     allow_model_impl_fallback: StrictBool
     expect: Expectation = Expectation(verdict="pass")
+    fault: FaultSpec | None = None
 
     # Set only on a variant (Card.variant): the condition whose engine arguments it adds.
     condition: ConditionName | None = None
@@ -570,6 +590,20 @@ class Card(_Section):
         if "quant_path" in self.model_fields_set and self.patch is None:
             raise _Problem(("quant_path",), "only a card with a `patch` chooses a quantized path (auto, patch or "
                                             "kernel); this card sets no patch")
+        return self
+
+    @model_validator(mode="after")
+    def _expectations_are_runnable(self) -> Card:
+        if self.fault is not None and self.expect.verdict != "fail":
+            raise _Problem(("fault",), "only a known-buggy card (expect.verdict: fail) is built with a fault")
+        prompt_ids = {p.id for p in self.prompts}
+        if unknown := sorted(set(self.expect.reaches) - prompt_ids):
+            raise _Problem(("expect", "reaches"), f"prompts {unknown} are not in the card's prompts")
+        for name in self.expect.conditions:
+            spec = self.conditions.get(name)
+            if spec is None or spec.engine:
+                raise _Problem(("expect", "conditions", name),
+                               "only a condition without engine arguments (it runs on the card's own engine)")
         return self
 
     def platform(self, name: str) -> PlatformSettings:

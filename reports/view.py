@@ -178,6 +178,8 @@ def _evidence(ev: dict[str, Any] | None, verdict: Any) -> dict[str, Any] | None:
         "attention": ", ".join(ev["attention_backends"]) or "-",
         "quant_path": f"{quant['path']}" + (f" ({detail})" if detail else ""), "quant_reason": quant["reason"],
         "allowed": ", ".join(judged["allowed_quant_paths"]), "problems": judged["problems"],
+        "fault": None if not (f := ev.get("fault")) else
+        f"{f['path']}: final hidden states x (1 ± {f['scale']:g}), {f['tokens']} tokens in {f['steps']} steps",
     }
 
 

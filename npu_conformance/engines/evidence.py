@@ -2,9 +2,9 @@
 the model class vLLM instantiated, the linear methods and kernels of its layers,
 the attention backend, the weights' dtypes, and what the load-time patches did.
 
-The worker half is a vLLM worker extension (engine arg `worker_extension_cls`),
-called through `LLM.collective_rpc`: it runs inside every worker, with the
-in-process engine here and with multiprocess engines on an NPU alike.
+The worker half (inspect_model) runs inside every worker through the suite's
+worker extension (engines.worker), with the in-process engine here and with
+multiprocess engines on an NPU alike.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import collections
 import os
 from typing import Any
 
-WORKER_EXTENSION = f"{__name__}.EvidenceExtension"
 RPC = "conformance_evidence"
 
 
@@ -46,13 +45,6 @@ def inspect_model(model: Any) -> dict[str, Any]:
         "parameter_dtypes": dict(sorted(dtypes.items())),
         "patch_records": patches.applied(),
     }
-
-
-class EvidenceExtension:
-    """Mixed into vLLM's worker class by `worker_extension_cls`."""
-
-    def conformance_evidence(self) -> dict[str, Any]:
-        return inspect_model(self.get_model())
 
 
 def native_class(architecture: str) -> str | None:

@@ -25,7 +25,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from npu_conformance import patches
-from npu_conformance.engines import evidence
+from npu_conformance.engines import evidence, worker
 
 
 class EngineBootError(RuntimeError):
@@ -109,6 +109,7 @@ class VllmRunner:
         env: Mapping[str, str],
         boot_timeout_s: float,
         request_timeout_s: float,
+        fault: Mapping[str, Any] | None = None,
     ) -> None:
         self.checkpoint = checkpoint
         self.kwargs = dict(
@@ -119,11 +120,13 @@ class VllmRunner:
             max_logprobs=-1,
             # Per-request metrics (TTFT, TPOT) for the perf tests; LLM turns them off by default.
             disable_log_stats=False,
-            # Lets the runner ask every worker what it instantiated (engines.evidence).
-            worker_extension_cls=evidence.WORKER_EXTENSION,
+            # Lets the runner ask every worker what it instantiated (engines.evidence)
+            # and install a sensitivity card's fault (engines.faults).
+            worker_extension_cls=worker.WORKER_EXTENSION,
             **engine_args,
         )
         self.env = dict(env)
+        self.fault = dict(fault) if fault else None
         self.boot_timeout_s = boot_timeout_s
         self.request_timeout_s = request_timeout_s
         self.llm = None
@@ -151,6 +154,8 @@ class VllmRunner:
                 self.llm = LLM(**self.kwargs)
                 architecture = (self.llm.llm_engine.model_config.architectures or ["unknown"])[0]
                 self.evidence = evidence.collect(self.llm, architecture, records, decisions)
+                if self.fault:
+                    self.evidence["fault"] = self.llm.collective_rpc("conformance_install_fault", args=(self.fault,))[0]
         except BaseException as exc:
             self._free()
             self._stack.close()
@@ -176,6 +181,10 @@ class VllmRunner:
 
         cleanup_dist_env_and_memory()
         gc.collect()
+
+    def fault_record(self) -> dict[str, Any] | None:
+        """The installed fault (a sensitivity card's) with the steps and tokens it perturbed so far."""
+        return self.llm.collective_rpc("conformance_fault_record")[0] if self.fault else None
 
     def generate(self, prompts: list[list[int]], params: Any) -> list[Any]:
         """Run token-id prompts through the engine under the request deadline."""
