@@ -15,7 +15,9 @@ import pytest
 
 from npu_conformance import reports
 from npu_conformance.cache import DEFAULT_ROOT
-from npu_conformance.cards import CATALOG_DIR, VARIANT_MARK, Card, CardError, WeightSource, adhoc_card, load_catalog
+from npu_conformance.cards import (CATALOG_DIR, PROMPTS_DIR, VARIANT_MARK, Card, CardError, WeightSource, adhoc_card,
+                                   load_catalog)
+from npu_conformance.changes import ChangedCards, ChangesError, changed_cards
 from npu_conformance.compare.precision import summary_line
 from npu_conformance.perf import perf_batch_sizes
 from npu_conformance.platform import Platform, detect
@@ -45,6 +47,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="seconds one batched generate call may take (default 600)")
     group.addoption("--catalog", type=Path, default=CATALOG_DIR, metavar="DIR",
                     help="folder of model cards and their _defaults.yaml (default: the shipped catalog)")
+    group.addoption("--changed-since", metavar="REF",
+                    help="run the cards that the change since git REF touches (as a pull request's diff, plus "
+                         "uncommitted files); with --model, only the named ones of those")
 
 
 PATH_OPTIONS = ("model_path", "reference_path", "report_dir", "cache_dir", "weights_dir", "catalog")
@@ -60,6 +65,7 @@ class ConformanceSession:
             self.catalog = load_catalog(config.getoption("catalog"))
         except CardError as exc:
             raise pytest.UsageError(str(exc)) from None
+        self.changes: ChangedCards | None = None
         self.selected = self._select()
         self.report = PrecisionReport()
         # Engine boots per card, and the cards whose engine is refused for the rest
@@ -77,13 +83,21 @@ class ConformanceSession:
         if unknown:
             raise pytest.UsageError(f"unknown --model {unknown}; cards: {', '.join(sorted(self.catalog))}")
         selected = {n: self.catalog[n] for n in names}
+        if since := config.getoption("changed_since"):
+            # Intersection: --model narrows the changed cards (say, to those a runner can hold).
+            try:
+                self.changes = changed_cards(since, config.getoption("catalog"), PROMPTS_DIR)
+            except ChangesError as exc:
+                raise pytest.UsageError(str(exc)) from None
+            selected = {n: self.catalog[n] for n in self.changes.cards if not names or n in names}
         if path := config.getoption("model_path"):
             try:
                 adhoc = adhoc_card(path.resolve())
             except CardError as exc:
                 raise pytest.UsageError(str(exc)) from None
             selected[adhoc.name] = adhoc
-        if not selected:
+        # A change that touches no card runs none, not the defaults.
+        if not selected and not since:
             selected = {n: c for n, c in self.catalog.items() if c.default}
         if ref := config.getoption("reference_path"):
             source = WeightSource("path", str(ref.resolve()))
@@ -208,6 +222,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if SESSION in session.config.stash:
         session_of(session.config).finish()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    changes = session_of(config).changes if SESSION in config.stash else None
+    if changes is None:
+        return []
+    return [*changes.describe(), f"selected: {', '.join(session_of(config).selected) or 'no card'}"]
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

@@ -28,7 +28,7 @@ LAYERS = [
     ["engines"],
     ["compare"],
     ["perf", "serving", "report", "conditions"],
-    ["reports", "plugin", "cli"],
+    ["reports", "plugin", "cli", "changes"],
     ["fixtures"],
 ]
 
