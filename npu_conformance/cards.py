@@ -420,6 +420,23 @@ class PlatformSettings(_Section):
     perf: PerfSpec | None = None
 
 
+class DiagnosisSpec(_Section):
+    """Where a known-buggy card's diagnosis must find the first divergence
+    (compare.diagnosis): a layer's sublayer (`output`: after its residual adds),
+    `embed_tokens` or `norm` (no layer), or `none` (every hidden state within the
+    limit: the bug is after the final norm or off the prefill path)."""
+
+    sublayer: Literal["embed_tokens", "input_layernorm", "self_attn", "post_attention_layernorm", "mlp", "output",
+                      "norm", "none"]
+    layer: Annotated[StrictInt, Field(ge=0)] | None = None
+
+    @model_validator(mode="after")
+    def _layer_where_one_is(self) -> DiagnosisSpec:
+        if (self.layer is None) != (self.sublayer in ("embed_tokens", "norm", "none")):
+            raise _Problem(("layer",), f"is required for sublayer {self.sublayer!r}, and only for a layer's sublayers")
+        return self
+
+
 class Expectation(_Section):
     """`fail` marks a known-buggy card: the sensitivity tests require the checks
     in `caught_by` to fail on every prompt its fault reaches (`reaches`, default
@@ -433,6 +450,7 @@ class Expectation(_Section):
     passes: tuple[StrictStr, ...] = ()
     # Conditions without engine arguments only: they run on the card's own engine.
     conditions: dict[ConditionName, Literal["pass", "fail"]] = Field(default_factory=dict)
+    diagnosis: DiagnosisSpec | None = None
 
     @model_validator(mode="after")
     def _fail_names_its_checks(self) -> Expectation:
@@ -462,6 +480,7 @@ class ThresholdSpec(_Section):
     logprob_top_k: PositiveInt
     logprob_floor: PositiveNumber
     position_logprob_rel_err: PositiveNumber
+    diagnosis_rel_l2: PositiveNumber
 
     @model_validator(mode="after")
     def _ranges(self) -> ThresholdSpec:

@@ -47,6 +47,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="seconds one batched generate call may take (default 600)")
     group.addoption("--catalog", type=Path, default=CATALOG_DIR, metavar="DIR",
                     help="folder of model cards and their _defaults.yaml (default: the shipped catalog)")
+    group.addoption("--diagnose", action="store_true",
+                    help="diagnose every card's first prompt, passing cards too (a card that fails precision is "
+                         "diagnosed anyway): the first layer and sublayer whose hidden states diverge")
     group.addoption("--changed-since", metavar="REF",
                     help="run the cards that the change since git REF touches (as a pull request's diff, plus "
                          "uncommitted files); with --model, only the named ones of those")

@@ -88,3 +88,24 @@ def top1(prompts: dict[str, dict[str, Any]], directory: Path) -> Path:
     ax.legend(loc="lower right")
     ax.grid(True, axis="y", alpha=0.3)
     return _save(fig, directory / lab["file"])
+
+
+def diagnosis(d: dict[str, Any], directory: Path) -> Path:
+    """Relative L2 error of each tapped hidden state in forward order, the limit,
+    and the first divergent place marked."""
+    lab = labels()["diagnosis"]
+    fig, ax = _figure()
+    rows = d["rows"]
+    floor = min((r["rel_l2_max"] for r in rows if r["rel_l2_max"] > 0), default=d["rel_l2_limit"]) / 10
+    ax.plot(range(len(rows)), [max(r["rel_l2_max"], floor) for r in rows], "o-", label=lab["rel_l2"])
+    ax.axhline(d["rel_l2_limit"], color="tab:red", linestyle="--", label=f"{lab['limit']} {d['rel_l2_limit']:g}")
+    if d["first"] is not None:
+        i = next(i for i, r in enumerate(rows) if r["place"] == d["first"]["place"])
+        ax.axvline(i, color="tab:orange", linestyle=":", label=f"{lab['first']}: {rows[i]['place']}")
+    ax.set_xticks(range(len(rows)), [r["place"].removeprefix("model.") for r in rows], rotation=60, ha="right",
+                  fontsize="x-small")
+    ax.set_yscale("log")
+    ax.set(title=lab["title"].format(prompt=d["prompt"]), ylabel=lab["y"])
+    ax.legend(fontsize="small")
+    ax.grid(True, which="both", alpha=0.3)
+    return _save(fig, directory / lab["file"])

@@ -85,6 +85,9 @@ def draw_pictures(m: Model, model_dir: Path) -> dict[str, Path]:
     if m.prompts:
         out["logprob_error"] = figures.logprob_error(m.prompts, m.entry["thresholds"]["logprob_rel_err"], model_dir)
         out["top1"] = figures.top1(m.prompts, model_dir)
+        # Shown in the precision section, so only beside compared prompts.
+        if (m.entry or {}).get("diagnosis", {}).get("rows"):
+            out["diagnosis"] = figures.diagnosis(m.entry["diagnosis"], model_dir)
     if m.throughput_cases:
         out["throughput"] = figures.throughput(m.throughput_cases, model_dir)
     return out

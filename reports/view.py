@@ -183,6 +183,26 @@ def _evidence(ev: dict[str, Any] | None, verdict: Any) -> dict[str, Any] | None:
     }
 
 
+def _diagnosis(d: dict[str, Any] | None, files: dict[str, Path], failed: bool) -> dict[str, Any] | None:
+    """Where the first failing prompt first diverges (compare.diagnosis), place by place."""
+    if not d:
+        return None
+    first = d["first"]
+    return {
+        "prompt": d["prompt"], "limit": f"{d['rel_l2_limit']:g}", "problem": d["problem"],
+        "seconds": f"{d['seconds']:.1f}", "unmatched": ", ".join(d["unmatched"]) or None,
+        "first": None if first is None else {
+            "layer": "-" if first["layer"] is None else first["layer"], "place": first["place"],
+            "sublayer": first["sublayer"], "rel_l2": f"{first['rel_l2_max']:.3g}", "position": first["worst_position"],
+            "cosine": f"{first['cosine_min']:.6f}"},
+        "rows": [[r["place"], "-" if r["layer"] is None else r["layer"], r["sublayer"], f"{r['cosine_min']:.6f}",
+                  f"{r['rel_l2_max']:.3g}", f"{r['max_abs']:.3g}", r["worst_position"], "❌" if r["diverged"] else "✅"]
+                 for r in d["rows"]],
+        "picture": files.get("diagnosis"),
+        "failed": failed,
+    }
+
+
 def build(m: Model, decoder: Decoder, files: dict[str, Path], t: dict[str, Any]) -> dict[str, Any]:
     """The template's `m`. `files` maps what was written beside report.md (results
     kinds and picture names) to paths relative to it; `t` is the language's texts."""
@@ -220,6 +240,7 @@ def build(m: Model, decoder: Decoder, files: dict[str, Path], t: dict[str, Any])
         "quickstart": _quickstart(m, t["quickstart"]["example_prompt"]),
         "verification": _verification(m, verdict),
         "precision": _precision(m, decoder, files, verdict) if m.prompts else None,
+        "diagnosis": _diagnosis(e.get("diagnosis"), files, e.get("verdict") == "fail"),
         "performance": _performance(m, files, verdict),
         "serving": {
             "verdict": verdict(m.serving.get("verdict", "not run")),

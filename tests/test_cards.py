@@ -91,6 +91,10 @@ def test_platform_overrides_merge_over_common_engine_args(tmp_path):
          "not in the card's prompts"),
         ({"expect": {"verdict": "fail", "caught_by": ["cosine"], "conditions": {"graph": "fail"}}},
          "expect.conditions.graph", "without engine arguments"),
+        ({"expect": {"verdict": "fail", "caught_by": ["cosine"], "diagnosis": {"sublayer": "self_attn"}}},
+         "expect.diagnosis.layer", "is required for sublayer 'self_attn'"),
+        ({"expect": {"verdict": "fail", "caught_by": ["cosine"], "diagnosis": {"sublayer": "attn", "layer": 0}}},
+         "expect.diagnosis.sublayer", "attn"),
         ({"architecture": None}, "architecture", "is required"),
     ],
 )

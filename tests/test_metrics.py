@@ -157,7 +157,7 @@ def test_greedy_divergence_is_tie():
 def _thresholds(**kw) -> m.Thresholds:
     base = dict(
         logprob_rel_err=0.05, cosine=0.99, tie_margin=0.02, logprob_top_k=5, logprob_floor=0.1,
-        position_logprob_rel_err=0.2,
+        position_logprob_rel_err=0.2, diagnosis_rel_l2=0.01,
     )
     return m.Thresholds(**{**base, **kw})
 

@@ -15,10 +15,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import jinja2
+import numpy as np
 import pytest
 
 from npu_conformance import reports
 from npu_conformance import cli
+from npu_conformance.compare.diagnosis import compare_places
 from npu_conformance.reports.render import markdown, model_view, row, texts
 from npu_conformance.reports.view import Run
 
@@ -54,6 +56,15 @@ def _prompt(text: str, greedy_prefix: int, greedy_passed: bool, top1: float) -> 
     }
 
 
+def _diagnosis() -> dict[str, Any]:
+    """Layer 0's attention output off by 10% on 4 positions, from the real comparison."""
+    rng = np.random.default_rng(0)
+    places = ["model.embed_tokens", "model.layers.0.input_layernorm", "model.layers.0.self_attn", "model.layers.0"]
+    ref = {p: rng.standard_normal((4, 8)).astype(np.float32) for p in places}
+    tgt = {p: v * (1.1 if "self_attn" in p or p == "model.layers.0" else 1.0) for p, v in ref.items()}
+    return compare_places("en", ref, tgt, 0.01).model_dump()
+
+
 def _run(directory: Path) -> None:
     """A run with everything for `alpha`, and only a boot error for `beta`."""
     entry = {"card": "alpha.yaml", "architecture": "LlamaForCausalLM", "weights": "synthetic:llama",
@@ -74,6 +85,7 @@ def _run(directory: Path) -> None:
                                                                "problems": []},
                                   "prompts": {"en": {"copies": 1, "copies_passed": 1}}},
                  "graph": {"passed": False, "error": "vLLM failed to boot /m (RuntimeError: no compiler)\ntail"}},
+             "diagnosis": _diagnosis(),
              "prompts": {"en": _prompt("The capital of France is", 50, True, 1.0),
                          "zh": _prompt("你好", 36, False, 0.98)},
              "serving": {"verdict": "passed",
@@ -135,7 +147,12 @@ def test_every_section_in_both_languages(rendered: tuple[str, Path, list[Path]])
     # Figures are the JSON's, formatted.
     assert "| 1 | 32.0 | 50.0 |" in doc and "2560.0" in doc and "0.4%" in doc
     assert "| 1 | 11 | 0.500000 | 11 | 0.490000 | ✅ |" in doc
-    for picture in ("throughput.png", "logprob_error.png", "top1.png"):
+    # Diagnosis: the first divergent place, what runs before it, and the table of every place.
+    assert t["precision"]["diagnosis_title"] in doc
+    assert "`model.layers.0.self_attn`" in doc and t["precision"]["diagnosis_suspects"]["self_attn"] in doc
+    assert "| model.layers.0.input_layernorm | 0 | input_layernorm | 1.000000 | 0 | 0 | 0 | ✅ |" in doc
+    assert "| model.layers.0.self_attn | 0 | self_attn | 1.000000 | 0.1 |" in doc
+    for picture in ("throughput.png", "logprob_error.png", "top1.png", "diagnosis.png"):
         assert f"]({picture})" in doc
     assert "| `gptq` | model=Qwen2ForCausalLM, tensors=4, bytes_after=400 |" in doc
     # Each serving condition with the evidence that it took effect, or its boot error.

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from npu_conformance.cards import Card
+from npu_conformance.compare.diagnosis import Diagnosis
 from npu_conformance.conditions import run_condition
 from npu_conformance.engines.target import VllmRunner
 from npu_conformance.report import PrecisionReport
@@ -76,3 +77,19 @@ def test_conditions_give_their_verdicts(card: Card, target: VllmRunner, referenc
             failed = {pid: sorted(k for k, c in r["checks"].items() if not c["passed"]) for pid, r in run["prompts"].items()}
             wrong.append(f"{name} was expected to {verdict} and did not (failed checks per prompt: {failed})")
     assert not wrong, f"{card.name}: " + "; ".join(wrong)
+
+
+def test_diagnosis_names_the_place(card: Card, diagnosis: Diagnosis | None) -> None:
+    """A failing card is diagnosed on its first failing prompt, and the first
+    divergent hidden state is where the card says its bug is."""
+    want = card.expect.diagnosis
+    if want is None:
+        pytest.skip(f"{card.name} names no place for its bug (expect.diagnosis)")
+    assert diagnosis is not None, f"{card.name} failed precision but was not diagnosed"
+    assert diagnosis.problem is None, diagnosis.summary()
+    got = diagnosis.first
+    place = ("none", None) if got is None else (got.sublayer, got.layer)
+    assert place == (want.sublayer, want.layer), (
+        f"{card.name}: expected the first divergence at layer {want.layer} {want.sublayer}, got "
+        f"{diagnosis.summary()}; per place: "
+        + ", ".join(f"{r.place} {r.rel_l2_max:.2g}" for r in diagnosis.rows))

@@ -20,6 +20,7 @@ import numpy as np
 from npu_conformance import cache
 from npu_conformance.cards import Prompt
 from npu_conformance.cache import fingerprint
+from npu_conformance.engines import taps
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,18 @@ class ReferenceRunner:
             full = torch.tensor([prompt_ids + tokens[:-1]])
             logits = self.model(input_ids=full).logits[0].float().numpy()
         return ReferenceResult(list(prompt_ids), tokens, logits)
+
+    def hidden_states(self, prompt_ids: list[int]) -> dict[str, np.ndarray]:
+        """The hidden states at each tapped place (engines.taps) of one forward of the prompt."""
+        import torch
+
+        tapped = taps.Taps(self.model, len(prompt_ids))
+        try:
+            with torch.inference_mode():
+                self.model(input_ids=torch.tensor([prompt_ids]))
+        finally:
+            found = tapped.remove()
+        return found
 
 
 def tokenize_prompts(checkpoint: Path, prompts: tuple[Prompt, ...], trust_remote_code: bool,

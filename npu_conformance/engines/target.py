@@ -208,6 +208,19 @@ class VllmRunner:
             results.append((list(completion.token_ids), logits))
         return results
 
+    def hidden_states(self, prompt_ids: list[int]) -> dict[str, np.ndarray]:
+        """The hidden states at each tapped place (engines.taps) of one prefill of the prompt."""
+        from vllm import SamplingParams
+
+        # A prefix-cache hit would skip the prompt's cached positions.
+        self.llm.reset_prefix_cache()
+        self.llm.collective_rpc("conformance_tap", args=(len(prompt_ids),))
+        try:
+            self.generate([prompt_ids], SamplingParams(temperature=0.0, max_tokens=1))
+        finally:
+            tapped = self.llm.collective_rpc("conformance_tapped")[0]
+        return tapped
+
     def teacher_forced(self, sequences: list[list[int]]) -> list[np.ndarray]:
         """Raw logits at every position of each sequence fed as a prompt (one
         prefill): row j predicts sequence[j + 1], as the reference's rows do."""

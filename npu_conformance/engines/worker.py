@@ -7,7 +7,9 @@ from __future__ import annotations
 import copy
 from typing import Any, Mapping
 
-from npu_conformance.engines import evidence, faults
+import numpy as np
+
+from npu_conformance.engines import evidence, faults, taps
 
 WORKER_EXTENSION = f"{__name__}.WorkerExtension"
 
@@ -25,3 +27,13 @@ class WorkerExtension:
     def conformance_fault_record(self) -> dict[str, Any] | None:
         """The installed fault and how many steps and tokens it has perturbed so far."""
         return copy.deepcopy(getattr(self, "_conformance_fault", None))
+
+    def conformance_tap(self, tokens: int) -> list[str]:
+        """Hooks that keep the hidden states of the next prefill of `tokens` tokens (engines.taps)."""
+        self._conformance_taps = taps.Taps(self.get_model(), tokens)
+        return self._conformance_taps.order
+
+    def conformance_tapped(self) -> dict[str, np.ndarray]:
+        """What the hooks kept; removes them."""
+        tapped, self._conformance_taps = self._conformance_taps, None
+        return tapped.remove()
