@@ -175,6 +175,7 @@ def _evidence(ev: dict[str, Any] | None, verdict: Any) -> dict[str, Any] | None:
     return {
         "verdict": verdict("pass" if judged["passed"] else "fail"),
         "model_class": ev["model_class"], "native_class": ev["native_class"] or "-", "dtype": ev["dtype"],
+        "parallel": f"TP {ev['tensor_parallel_size']}, {ev['ranks']} rank(s) in process(es) {ev['worker_pids']}",
         "attention": ", ".join(ev["attention_backends"]) or "-",
         "quant_path": f"{quant['path']}" + (f" ({detail})" if detail else ""), "quant_reason": quant["reason"],
         "allowed": ", ".join(judged["allowed_quant_paths"]), "problems": judged["problems"],

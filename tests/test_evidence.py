@@ -52,11 +52,25 @@ def test_transformers_backend_is_refused(conformance, platform: Platform, pytest
     line = next((x for x in proc.stdout.splitlines() if x.startswith("EVIDENCE ")), None)
     assert proc.returncode == 0 and line, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     evidence = json.loads(line.removeprefix("EVIDENCE "))
-    rules = dict(architecture=card.architecture, dtype=card.dtype, patch=None, quant_path="auto")
+    rules = dict(architecture=card.architecture, dtype=card.dtype, patch=None, quant_path="auto",
+                 tensor_parallel_size=1)
     refused = evidence_rules.judge(evidence, allow_fallback=False, **rules)
     assert not refused["passed"], evidence
     assert any("not its native" in p and evidence["model_class"] in p for p in refused["problems"]), refused
     assert evidence_rules.judge(evidence, allow_fallback=True, **rules)["passed"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("card_tp, ran_tp, ranks, refused", [(2, 2, 2, False), (2, 1, 1, True), (2, 2, 1, True),
+                                                             (1, 1, 1, False)])
+def test_tensor_parallelism_must_be_what_the_card_says(card_tp: int, ran_tp: int, ranks: int, refused: bool) -> None:
+    evidence = {"architecture": "LlamaForCausalLM", "native_class": "llama", "model_class": "llama",
+                "dtype": "float32", "attention_backends": ["CPU_ATTN"], "quantization": {"path": "none"},
+                "tensor_parallel_size": ran_tp, "ranks": ranks}
+    judged = evidence_rules.judge(evidence, architecture="LlamaForCausalLM", dtype="float32", patch=None,
+                                  quant_path="auto", allow_fallback=False, tensor_parallel_size=card_tp)
+    assert judged["passed"] is not refused, judged
+    assert refused == any("tensor parallel" in p for p in judged["problems"]), judged
 
 
 def test_failed_boot_boots_once(pytestconfig: pytest.Config, tmp_path: Path) -> None:

@@ -76,6 +76,7 @@ def _run(directory: Path) -> None:
                           "model_class": "vllm.model_executor.models.transformers.TransformersForCausalLM",
                           "native_class": "vllm.model_executor.models.llama.LlamaForCausalLM",
                           "attention_backends": ["CPU_ATTN"],
+                          "tensor_parallel_size": 2, "ranks": 2, "worker_pids": [101, 102],
                           "quantization": {"path": "patch", "patch": "gptq", "tensors": 4,
                                            "reason": "no kernel for it here: Failed to find a kernel"},
                           "verdict": {"passed": False, "allowed_quant_paths": ["kernel", "patch"],
@@ -162,6 +163,7 @@ def test_every_section_in_both_languages(rendered: tuple[str, Path, list[Path]])
     a = t["adaptation"]
     assert f"| {a['model_class']} | `vllm.model_executor.models.transformers.TransformersForCausalLM` |" in doc
     assert f"| {a['quant_path']} | patch (gptq) |" in doc
+    assert f"| {a['parallel']} | TP 2, 2 rank(s) in process(es) [101, 102] |" in doc
     assert f"| {a['quant_reason']} | no kernel for it here: Failed to find a kernel |" in doc
     assert f"| {a['problem']} | vLLM ran LlamaForCausalLM through TransformersForCausalLM |" in doc
     assert a["evidence_intro"].format(verdict=t["verdicts"]["fail"]) in doc

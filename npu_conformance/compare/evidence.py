@@ -1,6 +1,6 @@
 """Whether an engine's evidence (engines.evidence) shows that it ran what the
 card claims: the card's architecture through vLLM's native class, in the card's
-dtype, with attention through a backend, and its quantized layers through a path
+dtype and tensor parallelism, with attention through a backend, and its quantized layers through a path
 the card allows. A comparison of transformers with itself, or of a path the card
 does not name, must not pass."""
 
@@ -13,7 +13,7 @@ ALLOWED_PATHS = {"auto": ("kernel", "patch"), "patch": ("patch",), "kernel": ("k
 
 
 def judge(evidence: dict[str, Any], *, architecture: str, dtype: str, patch: str | None, quant_path: str,
-          allow_fallback: bool) -> dict[str, Any]:
+          allow_fallback: bool, tensor_parallel_size: int) -> dict[str, Any]:
     """{passed, problems, allowed_quant_paths}; every problem names what ran and what was expected."""
     problems = []
     if evidence["architecture"] != architecture:
@@ -27,6 +27,9 @@ def judge(evidence: dict[str, Any], *, architecture: str, dtype: str, patch: str
                             "(a card accepts that only with allow_model_impl_fallback: true)")
     if evidence["dtype"] != dtype:
         problems.append(f"the engine ran in {evidence['dtype']}, the card says {dtype}")
+    if (evidence["tensor_parallel_size"], evidence["ranks"]) != (tensor_parallel_size, tensor_parallel_size):
+        problems.append(f"the engine ran tensor parallel {evidence['tensor_parallel_size']} with "
+                        f"{evidence['ranks']} ranks answering, the card says {tensor_parallel_size}")
     if not evidence["attention_backends"]:
         problems.append("no attention layer with a backend was found in the model")
     allowed = ALLOWED_PATHS[quant_path] if patch else ("none",)

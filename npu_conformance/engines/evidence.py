@@ -76,7 +76,8 @@ def collect(llm: Any, architecture: str, records_before: int, decisions_before: 
     engine's in the same process are not taken for this one's."""
     from npu_conformance import patches
 
-    worker = dict(llm.collective_rpc(RPC)[0])
+    answers = llm.collective_rpc(RPC)
+    worker = dict(answers[0])
     # With the in-process engine the worker's records are this process's.
     if worker["pid"] == os.getpid():
         worker["patch_records"] = worker["patch_records"][records_before:]
@@ -95,4 +96,8 @@ def collect(llm: Any, architecture: str, records_before: int, decisions_before: 
         "quantization": quant_path(worker, decisions),
         "patch_decisions": decisions,
         "patch_records": worker["patch_records"],
+        # One answer per rank: that the card's tensor parallelism really ran.
+        "tensor_parallel_size": llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size,
+        "ranks": len(answers),
+        "worker_pids": sorted({a["pid"] for a in answers}),
     }
