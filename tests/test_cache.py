@@ -2,6 +2,7 @@
 atomic, and safe with several processes (pytest-xdist workers)."""
 
 import multiprocessing
+import os
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,20 @@ def test_cached_arrays_computes_once_then_reads(tmp_path):
 def test_corrupt_entry_is_recomputed_not_fatal(tmp_path):
     path = tmp_path / "x.npz"
     path.write_bytes(b"half a file")
-    assert cache.cached_arrays(path, lambda: {"a": np.ones(2)})["a"].tolist() == [1.0, 1.0]
+    with pytest.warns(cache.CacheDamaged, match=f"{path} is damaged .it has no manifest"):
+        assert cache.cached_arrays(path, lambda: {"a": np.ones(2)})["a"].tolist() == [1.0, 1.0]
+
+
+def test_sizes_are_checked_on_every_read(tmp_path):
+    """The sha256 is checked once per process; a size change is seen even after it."""
+    path = tmp_path / "x.npz"
+    cache.cached_arrays(path, lambda: {"a": np.arange(100)})
+    cache.cached_arrays(path, lambda: pytest.fail("recomputed an intact entry"))
+    stat = path.stat()
+    path.write_bytes(path.read_bytes()[:-1])
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the same mtime as when it was hashed
+    with pytest.warns(cache.CacheDamaged, match="x.npz has .* bytes, its manifest says"):
+        assert cache.cached_arrays(path, lambda: {"a": np.arange(3)})["a"].tolist() == [0, 1, 2]
 
 
 def test_failed_compute_leaves_nothing_behind(tmp_path):
