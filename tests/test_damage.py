@@ -88,29 +88,30 @@ def test_damaged_reference_npz_is_rebuilt(damage, tmp_path: Path) -> None:
     assert got.keys() == expected.keys() and all(np.array_equal(got[k], v) for k, v in expected.items())
 
 
+def _assert_rebuilt(damage, entry: Path, next_run_code: str, again) -> None:
+    """Damage the entry's weights; the next run reports and rebuilds them byte for byte."""
+    original = (entry / "model.safetensors").read_bytes()
+    damage(entry / "model.safetensors")
+    assert_reported(next_run(next_run_code), entry, "model.safetensors")
+    assert (entry / "model.safetensors").read_bytes() == original
+    assert_clean_hit(again)
+
+
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_damaged_synthetic_checkpoint_is_rebuilt(damage, private_cache: Path) -> None:
     mutant = synthetic.build_checkpoint("llama", private_cache, mutate=MUTATE)
-    original = (mutant / "model.safetensors").read_bytes()
-    damage(mutant / "model.safetensors")
-    stderr = next_run(f"from npu_conformance import synthetic\n"
-                      f"synthetic.build_checkpoint('llama', Path({str(private_cache)!r}), mutate={MUTATE!r})")
-    assert_reported(stderr, mutant, "model.safetensors")
-    assert (mutant / "model.safetensors").read_bytes() == original
-    assert_clean_hit(lambda: synthetic.build_checkpoint("llama", private_cache, mutate=MUTATE))
+    _assert_rebuilt(damage, mutant, f"from npu_conformance import synthetic\n"
+                    f"synthetic.build_checkpoint('llama', Path({str(private_cache)!r}), mutate={MUTATE!r})",
+                    lambda: synthetic.build_checkpoint("llama", private_cache, mutate=MUTATE))
 
 
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_damaged_quantized_checkpoint_is_rebuilt(damage, private_cache: Path) -> None:
     base = synthetic.build_checkpoint("llama", private_cache)
     target = quantized_checkpoint(base, private_cache, QUANTIZE)
-    original = (target / "model.safetensors").read_bytes()
-    damage(target / "model.safetensors")
-    stderr = next_run(f"from npu_conformance.quantize import quantized_checkpoint\n"
-                      f"quantized_checkpoint(Path({str(base)!r}), Path({str(private_cache)!r}), {QUANTIZE!r})")
-    assert_reported(stderr, target, "model.safetensors")
-    assert (target / "model.safetensors").read_bytes() == original
-    assert_clean_hit(lambda: quantized_checkpoint(base, private_cache, QUANTIZE))
+    _assert_rebuilt(damage, target, f"from npu_conformance.quantize import quantized_checkpoint\n"
+                    f"quantized_checkpoint(Path({str(base)!r}), Path({str(private_cache)!r}), {QUANTIZE!r})",
+                    lambda: quantized_checkpoint(base, private_cache, QUANTIZE))
 
 
 def test_build_killed_half_way_is_cleared_by_the_next(tmp_path: Path) -> None:
