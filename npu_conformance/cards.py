@@ -53,8 +53,15 @@ WeightKind = Literal["synthetic", "modelscope", "hf", "path"]
 PlatformName = Literal["cpu", "cuda", "npu"]
 WEIGHT_KINDS = get_args(WeightKind)
 PLATFORMS = get_args(PlatformName)
-# Engine arguments and server flags the suite sets from the card's own fields or per boot.
-SUITE_FLAGS = ("model", "host", "port", "dtype", "trust_remote_code", "load_format")
+# Engine arguments and server flags the suite sets from the card's own fields or per
+# boot, refused in every section a card gives engine arguments or server flags in:
+# the server binds 127.0.0.1 with a key of the suite's, and only the card's
+# top-level trust_remote_code may run a checkpoint's code.
+SUITE_FLAGS = ("model", "host", "port", "dtype", "trust_remote_code", "load_format", "api_key")
+# The server's key, which the suite sets per boot (serving.new_server).
+SUITE_ENV = ("VLLM_API_KEY",)
+# Argument names as EngineArgs spells them; serving writes them as --kebab-case.
+ARG_NAME = re.compile(r"[a-z][a-z0-9_]*")
 # What a bad request's `mentions` may refer to, filled in from the running server.
 MENTION_FIELDS = {"model": "", "max_model_len": 0}
 
@@ -64,12 +71,38 @@ PositiveNumber = Annotated[StrictFloat, Field(gt=0)]
 
 
 class CardError(ValueError):
-    """A card that cannot be used; the message names the file and the field."""
+    """A user-supplied file that cannot be used (a card, a prompt set, a prompt file,
+    a checkpoint's config.json); the message names the file and the field."""
 
-    def __init__(self, file: Path | str, field_path: str, problem: str) -> None:
-        super().__init__(f"model card {file}: field '{field_path}': {problem}")
+    def __init__(self, file: Path | str, field_path: str, problem: str, what: str = "model card") -> None:
+        super().__init__(f"{what} {file}: field '{field_path}': {problem}")
         self.file = str(file)
         self.field = field_path
+        self.problem = problem
+
+
+def read_text(file: Path, what: str = "model card") -> str:
+    """A user-supplied file's text; one that cannot be read or decoded is a CardError."""
+    try:
+        return file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CardError(file, "<file>", f"cannot be read: {exc.strerror or exc}", what) from None
+    except UnicodeDecodeError as exc:
+        raise CardError(file, "<file>", f"not UTF-8 text: {exc}", what) from None
+
+
+def read_yaml(file: Path, what: str = "model card") -> Any:
+    try:
+        return yaml.safe_load(read_text(file, what))
+    except yaml.YAMLError as exc:
+        raise CardError(file, "<yaml>", f"not valid YAML: {exc}", what) from None
+
+
+def read_json(file: Path, what: str) -> Any:
+    try:
+        return json.loads(read_text(file, what))
+    except json.JSONDecodeError as exc:
+        raise CardError(file, "<json>", f"not valid JSON: {exc}", what) from None
 
 
 class _Problem(ValueError):
@@ -82,6 +115,11 @@ class _Problem(ValueError):
         self.path = path
         self.problem = problem
         self.file = file
+
+    @classmethod
+    def of(cls, exc: CardError) -> _Problem:
+        """A CardError about a prompt set, raised on inside the card's validation."""
+        return cls((exc.field,), exc.problem, Path(exc.file))
 
 
 # ---- turning pydantic's errors into today's messages ----
@@ -216,8 +254,29 @@ def _env_strings(value: Any) -> Any:
     return value
 
 
+def _no_suite_env(value: dict[str, str]) -> dict[str, str]:
+    if owned := sorted(set(value) & set(SUITE_ENV)):
+        raise _Problem((owned[0],), "is set by the suite (the server's key, new per boot)")
+    return value
+
+
 def _suite_flag(key: str) -> _Problem:
-    return _Problem((key,), f"is set by the suite ({', '.join(SUITE_FLAGS)} come from the card and the stage)")
+    return _Problem((key,), f"is set by the suite ({', '.join(SUITE_FLAGS)} come from the card's own fields, "
+                            "the stage and the boot)")
+
+
+def _check_arg(key: str, value: Any) -> None:
+    """What every engine argument and server flag must be: a snake_case name that is
+    not the suite's, and no value that reads as a flag on a command line."""
+    if not ARG_NAME.fullmatch(key):
+        raise _Problem((key,), "an argument name is snake_case (lower-case letters, digits and '_'; the server "
+                               "gets it as --kebab-case)")
+    if key in SUITE_FLAGS:
+        raise _suite_flag(key)
+    for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, str) and item.startswith("-"):
+            raise _Problem((key,), f"a value starting with '-' reads as a flag on the server's command line, "
+                                   f"got {item!r}")
 
 
 @functools.lru_cache(maxsize=1)
@@ -247,9 +306,8 @@ def engine_arg_names() -> frozenset[str] | None:
 
 def _engine_args(args: dict[str, Any]) -> dict[str, Any]:
     known = engine_arg_names()
-    for key in args:
-        if key in SUITE_FLAGS:
-            raise _suite_flag(key)
+    for key, value in args.items():
+        _check_arg(key, value)
         if known is not None and key not in known:
             close = difflib.get_close_matches(key, known, n=1)
             hint = f"did you mean {close[0]}?" if close else "see EngineArgs in vllm/engine/arg_utils.py"
@@ -260,8 +318,7 @@ def _engine_args(args: dict[str, Any]) -> dict[str, Any]:
 def _server_args(args: dict[str, Any]) -> dict[str, Any]:
     scalars = (str, int, float, bool)
     for key, value in args.items():
-        if key in SUITE_FLAGS:
-            raise _suite_flag(key)
+        _check_arg(key, value)
         if not (isinstance(value, (*scalars, Mapping))
                 or (isinstance(value, list) and value and all(isinstance(v, scalars) for v in value))):
             raise _Problem((key,), f"a server flag takes a scalar, a non-empty list of scalars or a mapping, "
@@ -270,7 +327,7 @@ def _server_args(args: dict[str, Any]) -> dict[str, Any]:
 
 
 EngineOptions = Annotated[dict[StrictStr, Any], AfterValidator(_engine_args)]
-EnvVars = Annotated[dict[StrictStr, StrictStr], BeforeValidator(_env_strings)]
+EnvVars = Annotated[dict[StrictStr, StrictStr], BeforeValidator(_env_strings), AfterValidator(_no_suite_env)]
 
 
 class Prompt(_Positional):
@@ -489,19 +546,23 @@ class ThresholdSpec(_Section):
         return self
 
 
+# A prompt set's name is a file name in PROMPTS_DIR, never a path: nothing outside that folder is read.
+PROMPT_SET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
 def _prompt_set(name: str) -> tuple[Prompt, ...]:
     """The prompts of npu_conformance/prompts/<name>.yaml; a problem there names that file."""
-    if not name or "/" in name or "\\" in name or ".." in name:
-        raise _Problem((), f"no prompt set {name!r}: a prompt set is named by its file in {PROMPTS_DIR}, "
-                           "without '/' or '..'")
+    if not PROMPT_SET_NAME.fullmatch(name):
+        raise _Problem((), f"no prompt set {name!r}: a prompt set is named by its file in {PROMPTS_DIR} "
+                           "(letters, digits, '_' and '-'; no path)")
     source = PROMPTS_DIR / f"{name}.yaml"
     if not source.is_file():
         known = sorted(p.stem for p in PROMPTS_DIR.glob("*.yaml"))
         raise _Problem((), f"no prompt set {name!r} (known: {', '.join(known)})")
     try:
-        data = yaml.safe_load(source.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise _Problem(("<yaml>",), f"not valid YAML: {exc}", source) from None
+        data = read_yaml(source, "prompt set")
+    except CardError as exc:
+        raise _Problem.of(exc) from None
     if not isinstance(data, Mapping) or "prompts" not in data:
         raise _Problem(("<top>",), f"a prompt set is a mapping with a 'prompts' list, got {_kind_of(data)}", source)
     extra = sorted(str(k) for k in data if k != "prompts")
@@ -670,12 +731,7 @@ class Card(_Section):
 def load_defaults(directory: Path = CATALOG_DIR) -> dict[str, Any]:
     """The catalog's _defaults.yaml, merged under each of its cards."""
     file = directory / DEFAULTS_NAME
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CardError(file, "<file>", f"cannot be read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise CardError(file, "<yaml>", f"not valid YAML: {exc}") from None
+    data = read_yaml(file)
     if not isinstance(data, dict):
         raise CardError(file, "<top>", f"the defaults are a YAML mapping, got {_kind_of(data)}")
     return data
@@ -691,15 +747,12 @@ def parse_card(data: Any, file: Path | str, defaults: Mapping[str, Any] | None =
         return Card.model_validate(merged, context={"file": file})
     except ValidationError as exc:
         loc, problem, where = _first_error(exc)
-        raise CardError(where or file, _dotted(loc), problem) from None
+        # A problem with a file of its own is in the card's prompt set.
+        raise CardError(where or file, _dotted(loc), problem, "prompt set" if where else "model card") from None
 
 
 def load_card(file: Path, defaults: Mapping[str, Any] | None = None) -> Card:
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise CardError(file, "<yaml>", f"not valid YAML: {exc}") from None
-    card = parse_card(data, file, defaults)
+    card = parse_card(read_yaml(file), file, defaults)
     if card.name != file.stem:
         raise CardError(file, "name", f"must match the file name {file.stem!r}, got {card.name!r}")
     return card
@@ -718,8 +771,14 @@ def adhoc_card(model_path: Path, reference_path: Path | None = None) -> Card:
     config_file = model_path / "config.json"
     if not config_file.is_file():
         raise CardError(model_path, "--model-path", "no config.json: not a Hugging Face checkpoint directory")
-    config = json.loads(config_file.read_text(encoding="utf-8"))
+    config = read_json(config_file, "checkpoint config")
+    if not isinstance(config, dict):
+        raise CardError(config_file, "<top>", f"a config.json is a JSON object, got {_kind_of(config)}",
+                        "checkpoint config")
     architectures = config.get("architectures") or ["unknown"]
+    if not (isinstance(architectures, list) and all(isinstance(a, str) for a in architectures)):
+        raise CardError(config_file, "architectures", f"expected a list of str, got {architectures!r}",
+                        "checkpoint config")
     data: dict[str, Any] = {
         "name": model_path.name,
         "description": f"ad-hoc checkpoint from --model-path {model_path}",
