@@ -400,10 +400,11 @@ def test_options_become_flags_generically(tmp_path: Path) -> None:
     argv = sv.server_command(options)(1234)
     assert argv[:3] == [sys.executable, "-m", sv.SERVER_MODULE] and argv[-2:] == ["--port", "1234"]
     flags = argv[3:-2]
-    assert flags[:4] == ["--model", str(tmp_path), "--host", HOST]
-    for expected in (["--dtype", "float32"], ["--no-trust-remote-code"], ["--max-model-len", "512"],
-                     ["--enforce-eager"], ["--served-model-name", "a", "b"], ["--no-enable-prefix-caching"],
-                     ["--load-format", "dummy"]):
+    # The suite's own flags come last: the server's parser takes the last of a repeated flag.
+    assert flags[-9:] == ["--model", str(tmp_path), "--host", HOST, "--dtype", "float32", "--no-trust-remote-code",
+                          "--load-format", "dummy"]
+    for expected in (["--max-model-len", "512"], ["--enforce-eager"], ["--served-model-name", "a", "b"],
+                     ["--no-enable-prefix-caching"]):
         assert any(flags[i:i + len(expected)] == expected for i in range(len(flags))), (expected, flags)
     assert sv.served_names(options) == ["a", "b"]
     assert sv.cli_flags({"compilation_config": {"mode": 0}}) == ["--compilation-config", '{"mode": 0}']
@@ -512,7 +513,7 @@ def test_stop_ends_the_whole_group(tmp_path: Path) -> None:
                            boot_timeout_s=30)
     server.start()
     pgid = server.pid
-    assert ready.exists() and len(group_members(pgid)) == 2
+    assert ready.exists() and len(group_members(pgid)) == 3  # the guard, the server and its helper
     server.stop(grace_s=1.0)
     assert not group_members(pgid)
 

@@ -5,18 +5,22 @@ Nothing here knows about vLLM or pytest: the caller gives the command line for a
 port. The server runs in a session of its own (start_new_session), so one
 killpg reaches the engine processes it forks. Every started server is kept in a
 registry that atexit and SIGTERM/SIGHUP handlers empty, so an interrupted run
-leaves no server holding memory or a port; only a SIGKILL of this process
-itself cannot be handled.
+leaves no server holding memory or a port. A SIGKILL of this process runs no
+handler: on Linux the server's guard (_GUARD) then kills the group.
+A server started with an `identity` check is healthy only once that check says
+the answering server is the one started (not another on the same port).
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import errno
 import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -41,8 +45,40 @@ TERM_GRACE_S = 15.0
 _HEALTH_CLIENT = httpx.Client(timeout=5.0, trust_env=False)
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# Loaded here, not in the child between fork and exec, where little is safe to do.
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+# The leader of a server's process group and the server's parent: it waits for
+# the server and exits as it does. The group's SIGTERM (stop) is the server's to
+# act on. SIGUSR1, which the kernel sends the guard when the process that started
+# it dies (PR_SET_PDEATHSIG, armed before exec), kills the whole group: a signal
+# to the server alone would leave its engine processes running.
+_GUARD = """
+import os, signal, subprocess, sys
+signal.signal(signal.SIGUSR1, lambda *_: os.killpg(0, signal.SIGKILL))
+signal.signal(signal.SIGTERM, lambda *_: None)
+code = subprocess.Popen(sys.argv[1:]).wait()
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
 class ServerBootError(RuntimeError):
     """The server exited, or was not healthy in time; the message carries its log tail."""
+
+
+def _signalled_when_dead(parent: int, sig: signal.Signals) -> Callable[[], None] | None:
+    """A preexec_fn that has the kernel send the child `sig` when `parent` dies
+    (Linux; None elsewhere). The signal follows the thread that forks, so servers
+    are started from threads that live as long as the run (the main one)."""
+    if _LIBC is None:
+        return None
+    libc = _LIBC
+
+    def arm() -> None:
+        if libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0 or os.getppid() != parent:
+            os._exit(127)  # not armed, or the parent died before it was: never run unguarded
+
+    return arm
 
 
 def free_port(host: str = HOST) -> int:
@@ -74,12 +110,19 @@ class ServerProcess:
         log_path: Path,
         boot_timeout_s: float,
         port_picker: Callable[[], int] = free_port,
+        api_key: str | None = None,
+        identity: Callable[["ServerProcess"], str | None] | None = None,
     ) -> None:
+        """`api_key`: the bearer token the server was started to require (clients
+        send it); `identity`: None if the server answering on the port is this
+        one, else why not (asked once /health answers)."""
         self.command = command
         self.env = dict(env)
         self.log_path = log_path
         self.boot_timeout_s = boot_timeout_s
         self.port_picker = port_picker
+        self.api_key = api_key
+        self.identity = identity
         self.port: int | None = None
         self.argv: list[str] = []
         self.boot_time_s: float | None = None
@@ -91,6 +134,7 @@ class ServerProcess:
 
     @property
     def pid(self) -> int | None:
+        """The server's process group: its leader, the guard (_GUARD)."""
         return self._proc.pid if self._proc else None
 
     def __enter__(self) -> "ServerProcess":
@@ -129,8 +173,9 @@ class ServerProcess:
             log.flush()
             offset = log.tell()
             self._proc = subprocess.Popen(
-                self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
+                [sys.executable, "-c", _GUARD, *self.argv], env=self.env, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_signalled_when_dead(os.getpid(), signal.SIGUSR1),
             )
         _LIVE[self._proc.pid] = self
         _STARTED.append(self._proc.pid)
@@ -138,14 +183,20 @@ class ServerProcess:
 
     def _wait_healthy(self, start: float) -> None:
         deadline = start + self.boot_timeout_s
+        stranger = None
         while True:
             code = self._proc.poll()
             if code is not None:
                 raise ServerBootError(self.describe(f"exited with code {code} before it was healthy"))
             if self.healthy():
-                return
+                # Another server on this port answers /health as well; ours then
+                # fails to bind and exits (retried above), or the wait times out.
+                stranger = self.identity(self) if self.identity else None
+                if stranger is None:
+                    return
             if time.perf_counter() > deadline:
-                raise ServerBootError(self.describe(f"not healthy within {self.boot_timeout_s:.0f} s"))
+                why = f"; the server answering is not the one started: {stranger}" if stranger else ""
+                raise ServerBootError(self.describe(f"not healthy within {self.boot_timeout_s:.0f} s{why}"))
             time.sleep(POLL_S)
 
     def _bind_failed(self, offset: int) -> bool:
@@ -188,7 +239,7 @@ class ServerProcess:
         if self._proc is None:
             return
         proc, self._proc = self._proc, None
-        pgid = proc.pid  # start_new_session made the server its group's leader
+        pgid = proc.pid  # start_new_session made the guard its group's leader
         _signal_group(pgid, signal.SIGTERM)
         try:
             proc.wait(grace_s)

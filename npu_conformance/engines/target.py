@@ -28,6 +28,11 @@ from npu_conformance import patches
 from npu_conformance.engines import evidence, worker
 
 
+# Every engine the suite starts, in process or as a server, sends no usage
+# statistics: they win over the card's environment and the caller's.
+NO_TELEMETRY = {"VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1", "DO_NOT_TRACK": "1"}
+
+
 class EngineBootError(RuntimeError):
     """vLLM failed or timed out while starting; the message carries its log tail."""
 
@@ -125,7 +130,7 @@ class VllmRunner:
             worker_extension_cls=worker.WORKER_EXTENSION,
             **engine_args,
         )
-        self.env = dict(env)
+        self.env = {**env, **NO_TELEMETRY}
         self.fault = dict(fault) if fault else None
         self.boot_timeout_s = boot_timeout_s
         self.request_timeout_s = request_timeout_s
