@@ -53,6 +53,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--changed-since", metavar="REF",
                     help="run the cards that the change since git REF touches (as a pull request's diff, plus "
                          "uncommitted files); with --model, only the named ones of those")
+    group.addoption("--save-reference", type=Path, metavar="DIR",
+                    help="write the selected cards' reference results as golden references into DIR/<card>, "
+                         "for a later run's --reference-path DIR/<card>")
+    group.addoption("--devices", metavar="LIST",
+                    help="devices to split across xdist workers, as 0-7 or 0,2,4 (default: every device the "
+                         "platform reports)")
 
 
 PATH_OPTIONS = ("model_path", "reference_path", "report_dir", "cache_dir", "weights_dir", "catalog")
