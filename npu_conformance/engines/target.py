@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import faulthandler
 import gc
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
+import psutil
 
 from npu_conformance import patches
 from npu_conformance.engines import evidence, worker
@@ -64,24 +67,99 @@ def _env(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = old
 
 
+# How long a call may stay stuck past its deadline where SIGALRM's handler cannot
+# run (C code that retries on EINTR, a wait inside a native collective) before
+# the watchdog kills the engine's processes, which ends any wait on them.
+WATCHDOG_GRACE_S = 10.0
+# How long killed engine processes get to be reaped.
+REAP_WAIT_S = 10.0
+# The exit status of a run the watchdog ends: the call stayed stuck although the
+# engine's processes were killed (or it has none: an in-process engine stuck in
+# C code). Nothing but ending the process frees the thread, and a CI job that
+# hangs until its global limit says less than this status and the message.
+EXIT_STUCK = 86
+# Where that message goes: the stderr this process had when this module was
+# imported (pytest imports it with its plugin, before output capture starts).
+# A capture later points fd 2 at a file that ending the process discards.
+try:
+    _STDERR = os.fdopen(os.dup(2), "w", closefd=True)
+except OSError:
+    _STDERR = sys.__stderr__
+
+
+def descendants() -> set[psutil.Process]:
+    """Every process this one started, and theirs."""
+    return set(psutil.Process().children(recursive=True))
+
+
 @contextlib.contextmanager
-def _deadline(seconds: float, what: str) -> Iterator[None]:
-    """Raise TimeoutError in the main thread after `seconds` (SIGALRM): a hung
-    boot must fail the run, not stall CI until its global limit."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+def deadline(seconds: float, what: str, processes: Callable[[], Iterable[psutil.Process]],
+             grace_s: float = WATCHDOG_GRACE_S) -> Iterator[None]:
+    """Raise TimeoutError after `seconds`, and kill `processes()` (the engine's):
+    a hung boot or request must fail the run, not stall CI, and leave nothing
+    running. SIGALRM raises in the main thread. Where the main thread is stuck
+    and runs no handler, a watchdog thread kills the processes `grace_s` later,
+    which ends any wait on them, and if the call is stuck `grace_s` after that
+    (an in-process engine in C code), ends this process with EXIT_STUCK and
+    every thread's traceback on stderr."""
+    killed: list[int] = []
+    reaped, left = threading.Event(), threading.Event()
+    lock = threading.Lock()
 
-    def expire(signum: int, frame: object) -> None:
-        raise TimeoutError(f"{what} did not finish within {seconds:.0f} s")
+    def reap() -> None:
+        with lock:
+            if reaped.is_set():
+                return
+            reaped.set()
+            procs = list(processes())
+            for proc in procs:
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+                    killed.append(proc.pid)
+            psutil.wait_procs(procs, timeout=REAP_WAIT_S)
 
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    def watch() -> None:
+        reap()
+        if not left.wait(grace_s):
+            with contextlib.suppress(Exception):  # the process ends whatever its output does
+                _STDERR.write(f"\n{_stuck(what, seconds, grace_s, killed)}, and it is still stuck {grace_s:.0f} s "
+                              f"later: ending this process (exit status {EXIT_STUCK}). Where its threads are:\n")
+                _STDERR.flush()
+                faulthandler.dump_traceback(_STDERR, all_threads=True)
+            os._exit(EXIT_STUCK)
+
+    watchdog = threading.Timer(seconds + grace_s, watch)
+    watchdog.daemon = True
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        def expire(signum: int, frame: object) -> None:
+            raise TimeoutError(f"{what} did not finish within {seconds:.0f} s")
+
+        previous = signal.signal(signal.SIGALRM, expire)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+    watchdog.start()
     try:
         yield
+    except BaseException as exc:
+        if reaped.is_set():
+            raise TimeoutError(_stuck(what, seconds, grace_s, killed)) from exc
+        if isinstance(exc, TimeoutError):
+            reap()
+            raise TimeoutError(f"{exc}; killed its processes {killed}") from exc
+        raise
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        left.set()
+        watchdog.cancel()
+        if main:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+    if reaped.is_set():
+        raise TimeoutError(_stuck(what, seconds, grace_s, killed))
+
+
+def _stuck(what: str, seconds: float, grace_s: float, killed: list[int]) -> str:
+    return (f"{what} did not finish within {seconds:.0f} s and was stuck {grace_s:.0f} s more where no signal "
+            f"handler runs; the watchdog killed its processes {killed}")
 
 
 def _dense(position: Mapping[int, Any], vocab: int) -> np.ndarray:
@@ -139,6 +217,7 @@ class VllmRunner:
         self.vocab_size = 0
         self.evidence: dict[str, Any] = {}
         self.cached_tokens: list[int] = []
+        self.processes: set[psutil.Process] = set()
         self._log = _LogTail(200)
         self._stack = contextlib.ExitStack()
 
@@ -152,8 +231,9 @@ class VllmRunner:
         self._stack.callback(vllm_logger.removeHandler, self._log)
         start = time.perf_counter()
         records, decisions = len(patches.applied()), len(patches.decisions())
+        before = descendants()
         try:
-            with _deadline(self.boot_timeout_s, f"vLLM boot of {self.checkpoint}"):
+            with deadline(self.boot_timeout_s, f"vLLM boot of {self.checkpoint}", lambda: descendants() - before):
                 from vllm import LLM
 
                 self.llm = LLM(**self.kwargs)
@@ -168,6 +248,8 @@ class VllmRunner:
                 f"vLLM failed to boot {self.checkpoint} with {self.kwargs} "
                 f"({type(exc).__name__}: {exc})\n--- engine log tail ---\n{self.log_tail()}"
             ) from exc
+        # The engine's processes, which a hung request's watchdog ends.
+        self.processes = descendants() - before
         self.load_time_s = time.perf_counter() - start
         self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
         return self
@@ -195,7 +277,7 @@ class VllmRunner:
         """Run token-id prompts through the engine under the request deadline."""
         from vllm.inputs import TokensPrompt
 
-        with _deadline(self.request_timeout_s, f"vLLM generate on {self.checkpoint}"):
+        with deadline(self.request_timeout_s, f"vLLM generate on {self.checkpoint}", lambda: self.processes):
             outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         # Evidence of prefix-cache hits, per request of the last call.
         self.cached_tokens = [o.num_cached_tokens or 0 for o in outputs]
