@@ -145,3 +145,15 @@ def test_temp_file_of_a_killed_writer_is_cleared(tmp_path: Path) -> None:
     leftover.write_bytes(b"half an npz")
     cache.cached_arrays(path, lambda: {"a": np.ones(3)})
     assert not leftover.exists()
+
+
+def test_entry_failing_its_validity_check_is_reported_and_rebuilt(private_cache: Path) -> None:
+    """A synthetic build whose build.json went missing (its validity check fails,
+    whatever the manifest says) is named and rebuilt, not silently replaced."""
+    entry = synthetic.build_checkpoint("llama", private_cache, mutate=MUTATE)
+    (entry / "build.json").unlink()
+    stderr = next_run(f"from npu_conformance import synthetic\n"
+                      f"synthetic.build_checkpoint('llama', Path({str(private_cache)!r}), mutate={MUTATE!r})")
+    assert_reported(stderr, entry, "it is incomplete: it fails its own validity check")
+    assert (entry / "build.json").is_file()
+    assert_clean_hit(lambda: synthetic.build_checkpoint("llama", private_cache, mutate=MUTATE))

@@ -9,10 +9,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -25,10 +28,14 @@ from npu_conformance import cli
 from npu_conformance import serving as sv
 from npu_conformance.cards import CATALOG_DIR, CardError, adhoc_card, load_card, load_catalog, parse_card
 from npu_conformance.engines.server import HOST, group_members
-from npu_conformance.engines.target import NO_TELEMETRY, VllmRunner
+from npu_conformance.engines.target import NO_TELEMETRY, EngineBootError, VllmRunner, EXIT_STUCK, deadline, descendants
 from npu_conformance.platform import Platform
+from npu_conformance.weights import PROBE_TIMEOUT_S, hub_answers, resolve
 
 pytestmark = pytest.mark.robustness
+
+# Long enough for the engine to start its first process, short of a boot here.
+HUNG_BOOT_DEADLINE_S = 20.0
 
 
 def usage_error(args: list[str], prompts_dir: Path | None = None) -> str:
@@ -226,7 +233,7 @@ import json, sys, time
 from pathlib import Path
 from npu_conformance import serving as sv
 from npu_conformance.cards import load_catalog
-from npu_conformance.weights import resolve
+from npu_conformance.weights import PROBE_TIMEOUT_S, hub_answers, resolve
 name, cache, report_dir, platform, boot_timeout, out = sys.argv[1:]
 card = load_catalog()[name]
 checkpoint = resolve(card.weights, Path(cache), None, True)
@@ -284,3 +291,115 @@ def test_server_dies_with_a_killed_pytest(tmp_path: Path, platform: Platform, py
             for proc in group_members(server["pid"]):
                 with contextlib.suppress(psutil.Error):
                     proc.kill()
+
+
+# ---- deadlines that hold ----
+
+
+def test_watchdog_ends_a_call_stuck_where_no_handler_runs() -> None:
+    """SIGALRM blocked stands in for C code that runs no signal handler: the
+    watchdog kills the process the call waits on, which ends the wait, and the
+    call fails with a TimeoutError that says so."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], stdout=subprocess.PIPE)
+    start = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError) as err:
+            with deadline(0.5, "a stuck call", lambda: [psutil.Process(child.pid)], grace_s=1.0):
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+                try:
+                    os.read(child.stdout.fileno(), 1)  # returns (EOF) only once the child is gone
+                finally:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
+    finally:
+        child.kill()
+        child.wait()
+    assert f"a stuck call did not finish within 0 s and was stuck 1 s more where no signal handler runs; the " \
+           f"watchdog killed its processes [{child.pid}]" == str(err.value)
+    assert not psutil.pid_exists(child.pid), "the process the call waited on was not killed"
+    assert time.monotonic() - start < 30, "the call was not ended by the watchdog"
+
+
+# A process the boot started that lives this long is the engine's, not a
+# short-lived helper such as a CPU-info query, which its caller reaps itself.
+ENGINE_PROCESS_AGE_S = 2.0
+ENGINE_WITH_PROCESSES = "synthetic-llama-tp2"
+
+
+STUCK_IN_PROCESS = """
+import os, signal, sys
+from npu_conformance.engines.target import deadline
+read, _ = os.pipe()
+with deadline(0.5, "an in-process engine", lambda: [], grace_s=1.0):
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    os.read(read, 1)  # nothing ever writes: stuck for good
+"""
+
+
+def test_watchdog_ends_a_process_stuck_with_nothing_to_kill() -> None:
+    """An in-process engine stuck in C code has no process of its own to kill:
+    the watchdog ends the whole process, saying why and where its threads are."""
+    run = subprocess.run([sys.executable, "-c", STUCK_IN_PROCESS], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == EXIT_STUCK, run.stderr
+    assert ("an in-process engine did not finish within 0 s and was stuck 1 s more where no signal handler runs; "
+            "the watchdog killed its processes [], and it is still stuck 1 s later: ending this process "
+            f"(exit status {EXIT_STUCK})") in run.stderr, run.stderr
+    assert 'File "<string>", line 7' in run.stderr, run.stderr  # the main thread's traceback, at the stuck read
+
+
+def _freeze_engine(before: set[psutil.Process], frozen: list[psutil.Process], stop: threading.Event) -> None:
+    while not stop.is_set():
+        for proc in descendants() - before - set(frozen):
+            with contextlib.suppress(psutil.Error):
+                if time.time() - proc.create_time() >= ENGINE_PROCESS_AGE_S:
+                    proc.suspend()
+                    frozen.append(proc)
+        time.sleep(0.05)
+
+
+@needs_vllm
+def test_hung_boot_is_ended_and_leaves_no_engine_process(platform: Platform, pytestconfig: pytest.Config) -> None:
+    """The processes of an engine that has some (the TP=2 card's ranks; the CPU
+    cards' engines are in-process) are frozen (SIGSTOP) once they have run a
+    moment, so the boot hangs: the deadline fails it, and every process it started is gone."""
+    card = load_catalog()[ENGINE_WITH_PROCESSES]
+    checkpoint = resolve(card.weights, pytestconfig.getoption("cache_dir"), None, True)
+    before, frozen, stop = descendants(), [], threading.Event()
+    watcher = threading.Thread(target=_freeze_engine, args=(before, frozen, stop), daemon=True)
+    watcher.start()
+    runner = VllmRunner(checkpoint, card.dtype, False, card.engine_args(platform.name), card.env(platform.name),
+                        boot_timeout_s=HUNG_BOOT_DEADLINE_S, request_timeout_s=60.0)
+    try:
+        with pytest.raises(EngineBootError) as err:
+            with runner:
+                pass
+    finally:
+        stop.set()
+        watcher.join()
+        for proc in frozen:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+    assert frozen, "the engine started no process to freeze"
+    message = str(err.value)
+    assert f"did not finish within {HUNG_BOOT_DEADLINE_S:.0f} s; killed its processes [" in message, message
+    killed = message.split("killed its processes")[1]
+    assert all(str(proc.pid) in killed for proc in frozen), (frozen, message)
+    left = [(p.pid, p.name()) for p in descendants() - before if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"the hung boot left processes: {left}"
+
+
+def test_hub_probe_is_bounded_with_the_name_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resolver that never answers (stood in for by a getaddrinfo that sleeps)
+    costs the probe its deadline, not the resolver's."""
+    def stalled(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(600)
+
+    monkeypatch.setattr(socket, "getaddrinfo", stalled)
+    hub_answers.cache_clear()
+    start = time.monotonic()
+    try:
+        why = hub_answers("http://hub.example.invalid")
+    finally:
+        hub_answers.cache_clear()
+    assert why == f"did not answer within {PROBE_TIMEOUT_S:g} s (name lookup included)"
+    assert time.monotonic() - start < PROBE_TIMEOUT_S + 5, "the probe waited on the resolver"
