@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fakehub import FakeHub
 
 from npu_conformance import cache, synthetic
 from npu_conformance.quantize import quantized_checkpoint
@@ -157,3 +158,31 @@ def test_entry_failing_its_validity_check_is_reported_and_rebuilt(private_cache:
     assert_reported(stderr, entry, "it is incomplete: it fails its own validity check")
     assert (entry / "build.json").is_file()
     assert_clean_hit(lambda: synthetic.build_checkpoint("llama", private_cache, mutate=MUTATE))
+
+
+DOWNLOAD = "from npu_conformance.cards import WeightSource\nfrom npu_conformance.weights import resolve\n"
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_damaged_download_is_refused_offline_and_downloaded_again(damage, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A published download whose weights are damaged later is never loaded:
+    offline it is refused by path, online it is reported and downloaded again."""
+    files = {"config.json": b'{"architectures": ["LlamaForCausalLM"]}',
+             "model.safetensors": np.random.default_rng(0).bytes(1 << 16), "tokenizer_config.json": b"{}"}
+    cache_root = tmp_path / "cache"
+    monkeypatch.setenv("MODELSCOPE_CACHE", str(tmp_path / "modelscope"))
+    with FakeHub() as hub:
+        hub.add("org/name", files, "master")
+        for variable in ("MODELSCOPE_ENDPOINT", "HF_ENDPOINT"):
+            monkeypatch.setenv(variable, hub.url)
+        get = f"{DOWNLOAD}print(resolve(WeightSource('modelscope', 'org/name'), Path({str(cache_root)!r}), None, %s))"
+        next_run(get % False)
+        entry = cache_root / "downloads" / "modelscope" / "org--name" / "default"
+        damage(entry / "model.safetensors")
+        offline = subprocess.run([sys.executable, "-c", f"from pathlib import Path\n{get % True}"], cwd=ROOT,
+                                 capture_output=True, text=True, timeout=120)
+        assert offline.returncode != 0 and "WeightsUnavailable" in offline.stderr, offline.stderr
+        assert f"{entry} is damaged (model.safetensors" in offline.stderr, offline.stderr
+        assert_reported(next_run(get % False), entry, "model.safetensors")
+        assert (entry / "model.safetensors").read_bytes() == files["model.safetensors"]

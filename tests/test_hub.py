@@ -25,6 +25,7 @@ from modelscope_hub.config import set_default_config
 from safetensors.numpy import save
 
 from fakehub import BlackHole, FakeHub
+from npu_conformance.cache import MANIFEST
 from npu_conformance.cards import CATALOG_DIR, DEFAULTS_NAME, WeightSource
 from npu_conformance.synthetic import build_checkpoint
 from npu_conformance.weights import DOWNLOAD_RECORD, WeightsUnavailable, hub_answers, resolve
@@ -48,7 +49,7 @@ def checkpoint(tag: str) -> dict[str, bytes]:
 
 
 def contents(path: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in path.iterdir() if p.name != DOWNLOAD_RECORD}
+    return {p.name: p.read_bytes() for p in path.iterdir() if p.name not in (DOWNLOAD_RECORD, MANIFEST)}
 
 
 def leftovers(cache: Path) -> list[Path]:
