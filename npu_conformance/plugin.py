@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from npu_conformance import reports
+from npu_conformance import golden, reports
 from npu_conformance.cache import DEFAULT_ROOT
 from npu_conformance.cards import (CATALOG_DIR, PROMPTS_DIR, VARIANT_MARK, Card, CardError, WeightSource, adhoc_card,
                                    load_catalog)
@@ -31,7 +31,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--model-path", type=Path, metavar="DIR",
                     help="run an ad-hoc local checkpoint with the default thresholds and prompts")
     group.addoption("--reference-path", type=Path, metavar="DIR",
-                    help="build the reference from this checkpoint instead of the target's (quantized vs original)")
+                    help="build the reference from this checkpoint instead of the target's (quantized vs original), "
+                         "or read it from the golden references --save-reference wrote there")
     group.addoption("--report-dir", type=Path, default=Path("results"), metavar="DIR",
                     help="where precision_report.json and the other reports go (default: results/)")
     group.addoption("--cache-dir", type=Path, metavar="DIR",
@@ -75,6 +76,8 @@ class ConformanceSession:
         except CardError as exc:
             raise pytest.UsageError(str(exc)) from None
         self.changes: ChangedCards | None = None
+        # --reference-path naming golden references (npu_conformance.golden), not a checkpoint.
+        self.golden: Path | None = None
         self.selected = self._select()
         self.report = PrecisionReport()
         # Engine boots per card, and the cards whose engine is refused for the rest
@@ -108,7 +111,12 @@ class ConformanceSession:
         # A change that touches no card runs none, not the defaults.
         if not selected and not since:
             selected = {n: c for n, c in self.catalog.items() if c.default}
-        if ref := config.getoption("reference_path"):
+        if (ref := config.getoption("reference_path")) and ref.is_dir() and golden.is_golden(ref):
+            self.golden = ref.resolve()
+            if config.getoption("save_reference"):
+                raise pytest.UsageError(f"--reference-path={ref} holds golden references: nothing to save with "
+                                        "--save-reference")
+        elif ref:
             source = WeightSource("path", str(ref.resolve()))
             selected = {n: c.model_copy(update={"reference_weights": source}) for n, c in selected.items()}
         return selected

@@ -25,7 +25,7 @@ LAYERS = [
     ["compare.metrics"],
     ["cards"],
     ["synthetic", "quantize", "weights"],
-    ["engines"],
+    ["engines", "golden"],
     ["compare"],
     ["perf", "serving", "report", "conditions"],
     ["reports", "plugin", "cli", "changes"],
