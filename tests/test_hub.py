@@ -243,8 +243,13 @@ def test_precision_run_downloads_its_card_through_the_hub(pytestconfig: pytest.C
     against the reference of the synthetic Llama itself."""
     llama = build_checkpoint("llama", pytestconfig.getoption("cache_dir"))
     cache = tmp_path / "cache"
-    # The reference's synthetic Llama as already built, so the run does not train it again.
+    # The reference's synthetic Llama as already built, so the run does not train it
+    # again, and the session's reference results, so it does not recompute them: the
+    # download path is under test here, not the reference.
     shutil.copytree(llama, cache / "synthetic" / llama.name)
+    shared_references = pytestconfig.getoption("cache_dir") / "reference"
+    shared_references.mkdir(parents=True, exist_ok=True)
+    (cache / "reference").symlink_to(shared_references, target_is_directory=True)
     catalog = tmp_path / "catalog"
     catalog.mkdir()
     shutil.copy(CATALOG_DIR / DEFAULTS_NAME, catalog)
@@ -259,7 +264,9 @@ def test_precision_run_downloads_its_card_through_the_hub(pytestconfig: pytest.C
                "MODELSCOPE_CACHE": str(tmp_path / "modelscope-cache"), "HF_HOME": str(tmp_path / "hf-home")}
         env.pop("NPU_CONFORMANCE_OFFLINE", None)
         proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-m", "precision", f"--catalog={catalog}", "--model", "hub-llama",
+            # The card's precision checks; its serving conditions (one engine each) are not the download's.
+            [sys.executable, "-m", "pytest", "tests/test_precision.py", "-m", "precision", f"--catalog={catalog}",
+             "--model", "hub-llama",
              "-p", "no:cacheprovider", f"--cache-dir={cache}", f"--report-dir={tmp_path / 'results'}", "-q", "-rs"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
 
