@@ -21,7 +21,7 @@ FOLDERS = {PACKAGE: ROOT / PACKAGE, f"{PACKAGE}.fixtures": ROOT / "fixtures",
            f"{PACKAGE}.patches": ROOT / "patches", f"{PACKAGE}.reports": ROOT / "reports"}
 # Layers, lowest first: a module may import its own layer and those before it.
 LAYERS = [
-    ["merge", "platform", "cache", "patches"],
+    ["merge", "platform", "cache", "patches", "devices"],
     ["compare.metrics"],
     ["cards"],
     ["synthetic", "quantize", "weights"],

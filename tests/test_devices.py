@@ -1,0 +1,113 @@
+"""The device pool (npu_conformance.devices) with fake device counts: shares per
+xdist worker, the devices and visible-devices variable each card's engine gets,
+and the wait for a device's memory."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from npu_conformance import devices
+from npu_conformance.cards import load_catalog
+
+pytestmark = pytest.mark.unit
+
+VARIABLE = "ASCEND_RT_VISIBLE_DEVICES"
+TP = {1: "synthetic-llama", 2: "synthetic-llama-tp2"}
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("0-7", list(range(8))), ("0,2,4", [0, 2, 4]), ("0-3,6", [0, 1, 2, 3, 6]), ("3", [3]), (" 1 , 0 ", [0, 1]),
+    ("0-1,1-2", [0, 1, 2]),
+])
+def test_device_lists(spec: str, expected: list[int]) -> None:
+    assert devices.parse(spec) == expected
+
+
+@pytest.mark.parametrize("spec, words", [("", "'' is not a device index"), ("a", "'a' is not"),
+                                         ("3-1", "runs backwards"), ("0,,1", "'' is not"), ("-1", "'-1' is not")])
+def test_bad_device_lists_say_why(spec: str, words: str) -> None:
+    with pytest.raises(devices.DeviceError, match=words):
+        devices.parse(spec)
+
+
+def test_cards_need_their_parallel_sizes() -> None:
+    catalog = load_catalog()
+    assert {tp: devices.needed(catalog[name].engine_args("npu")) for tp, name in TP.items()} == {1: 1, 2: 2}
+    assert devices.needed({"tensor_parallel_size": 2, "data_parallel_size": 2, "pipeline_parallel_size": 2}) == 8
+
+
+@pytest.mark.parametrize("count", [1, 2, 4, 8])
+@pytest.mark.parametrize("workers", [1, 2, 4])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_each_worker_gets_its_own_devices(count: int, workers: int, tp: int) -> None:
+    """With `count` fake devices and `workers` xdist workers, a TP=`tp` card on each
+    worker gets devices of that worker's share only, never another's."""
+    pool = list(range(count))
+    if workers > count:
+        with pytest.raises(devices.DeviceError, match=f"{workers} xdist workers for {count} devices"):
+            devices.split(pool, workers)
+        return
+    shares = devices.split(pool, workers)
+    assert len(shares) == workers and all(len(s) == count // workers for s in shares)
+    assert all(set(a).isdisjoint(b) for a, b in itertools.combinations(shares, 2))
+    needed = devices.needed(load_catalog()[TP[tp]].engine_args("npu"))
+    for share in shares:
+        if needed > len(share):
+            with pytest.raises(devices.DeviceError, match=f"needs {needed} devices, and this worker has {len(share)}"):
+                devices.place(share, needed, VARIABLE)
+            continue
+        placement = devices.place(share, needed, VARIABLE)
+        assert placement.devices == tuple(share[:needed])
+        assert placement.env == {VARIABLE: ",".join(map(str, share[:needed]))}
+
+
+def test_shares_of_a_given_list() -> None:
+    assert devices.split(devices.parse("0-7"), 4) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert devices.split([0, 2, 4], 2) == [[0], [2]]  # the rest is unused, not handed out unevenly
+    assert devices.place([4, 5], 2, "CUDA_VISIBLE_DEVICES").env == {"CUDA_VISIBLE_DEVICES": "4,5"}
+
+
+def test_a_platform_without_devices_places_nothing() -> None:
+    assert devices.split([], 3) == [[], [], []]
+    assert devices.place([], 2, None) == devices.Placement((), {})
+
+
+def test_worker_index() -> None:
+    assert [devices.worker_index(w) for w in (None, "master", "gw0", "gw7")] == [0, 0, 0, 7]
+
+
+class FakeDevices:
+    """Free memory per device that comes back a step at a time, on a fake clock."""
+
+    def __init__(self, free: dict[int, list[float]]) -> None:
+        self.free = free
+        self.now = 0.0
+
+    def fraction(self, device: int) -> float:
+        steps = self.free[device]
+        return steps[min(int(self.now), len(steps) - 1)]
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_memory_wait_returns_once_memory_is_back() -> None:
+    fake = FakeDevices({0: [0.1, 0.5, 0.95], 1: [0.95]})
+    waited = devices.wait_for_memory([0, 1], fake.fraction, 0.92, deadline_s=10, clock=lambda: fake.now,
+                                     sleep=fake.sleep)
+    assert waited == 2.0
+
+
+def test_memory_wait_times_out_with_the_figures() -> None:
+    fake = FakeDevices({0: [0.95], 1: [0.3]})
+    with pytest.raises(devices.DeviceError) as err:
+        devices.wait_for_memory([0, 1], fake.fraction, 0.92, deadline_s=5, clock=lambda: fake.now, sleep=fake.sleep)
+    assert str(err.value) == ("device memory not back within 5 s (device 1: 30% free; the engine needs 92%): "
+                              "another process holds it")
+    assert fake.now == 5.0
+
+
+def test_no_devices_no_wait() -> None:
+    assert devices.wait_for_memory([], lambda d: pytest.fail("probed"), 0.92, deadline_s=0) == 0.0
