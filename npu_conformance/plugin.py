@@ -6,6 +6,7 @@ engine, reference and server fixtures live in the repo's fixtures/ folder."""
 from __future__ import annotations
 
 import collections
+import json
 import os
 import traceback
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from npu_conformance import golden, reports
+from npu_conformance import devices, golden, reports
 from npu_conformance.cache import DEFAULT_ROOT
 from npu_conformance.cards import (CATALOG_DIR, PROMPTS_DIR, VARIANT_MARK, Card, CardError, WeightSource, adhoc_card,
                                    load_catalog)
@@ -79,6 +80,11 @@ class ConformanceSession:
         # --reference-path naming golden references (npu_conformance.golden), not a checkpoint.
         self.golden: Path | None = None
         self.selected = self._select()
+        try:
+            spec = config.getoption("devices")
+            self.devices = devices.parse(spec) if spec else None
+        except devices.DeviceError as exc:
+            raise pytest.UsageError(str(exc)) from None
         self.report = PrecisionReport()
         # Engine boots per card, and the cards whose engine is refused for the rest
         # of the run: card name -> ("fail", boot error) or ("skip", reason).
@@ -127,6 +133,18 @@ class ConformanceSession:
         card = {**self.catalog, **self.selected}[base]
         return card.variant(condition) if condition else card
 
+    def placement(self, card: Card, platform: Platform) -> devices.Placement:
+        """The devices `card`'s engine gets on this xdist worker (DeviceError if
+        it cannot have them): a share of --devices, or of every device the
+        platform reports."""
+        pool = self.devices if self.devices is not None else list(range(platform.device_count))
+        if unknown := [d for d in pool if d >= platform.device_count]:
+            raise devices.DeviceError(f"--devices names {unknown}, and platform {platform.name} reports "
+                                      f"{platform.device_count} devices")
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        share = devices.split(pool, workers)[devices.worker_index(os.environ.get("PYTEST_XDIST_WORKER"))]
+        return devices.place(share, devices.needed(card.engine_args(platform.name)), platform.visible_devices_env)
+
     def cards_for(self, definition: pytest.Function) -> list[Card]:
         """The cards a test runs on: known-buggy ones for sensitivity tests (all of
         them unless cards were named), the selected passing ones otherwise."""
@@ -145,6 +163,10 @@ class ConformanceSession:
         pytest-benchmark has written --benchmark-json and after the session
         fixtures' teardown has written perf_report.json."""
         report_dir = self.config.getoption("report_dir")
+        if hasattr(self.config, "workeroutput"):
+            # An xdist worker hands its cards to the controller, which writes one report of all.
+            self.config.workeroutput[WORKER_REPORT] = json.dumps(self.report.models)
+            return
         # Written whenever a model was seen: a serving-only run's verdicts live there too.
         if self.report.models:
             self.report_path = self.report.write(report_dir, detect())
@@ -174,6 +196,8 @@ class ConformanceSession:
             terminalreporter.line(f"rendered: {path}")
 
 
+# The key under which an xdist worker sends the controller its part of the report.
+WORKER_REPORT = "npu_conformance_report"
 SESSION = pytest.StashKey[ConformanceSession]()
 PHASES = pytest.StashKey[dict[str, pytest.TestReport]]()
 
@@ -197,6 +221,26 @@ def pytest_configure(config: pytest.Config) -> None:
             flag = "--" + name.replace("_", "-")
             raise pytest.UsageError(f"write {flag}={value} (with '='): given as '{flag} {value}', pytest takes {value} for its root directory")
     config.stash[SESSION] = ConformanceSession(config)
+    # Under xdist, a card's tests (and its variants') stay on one worker, so its
+    # engine boots once per run: items carry xdist_group marks (below), which
+    # only the loadgroup mode honours. -n alone means load.
+    if getattr(config.option, "dist", "no") == "load":
+        config.option.dist = "loadgroup"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        params = getattr(item, "callspec", None)
+        if params is not None and "card" in params.params:
+            item.add_marker(pytest.mark.xdist_group(str(params.params["card"]).partition(VARIANT_MARK)[0]))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """xdist's controller: merge a finished worker's report into the run's."""
+    part = getattr(node, "workeroutput", {}).get(WORKER_REPORT)
+    if part is not None:
+        session_of(node.config).report.merge(json.loads(part))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
