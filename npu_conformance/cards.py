@@ -40,6 +40,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from npu_conformance import devices
 from npu_conformance.compare.metrics import Thresholds
 from npu_conformance.merge import deep_merge
 from npu_conformance.patches import ENV as DEQUANT_ENV
@@ -471,10 +472,29 @@ class ConditionSpec(_Section):
     batch_size: PositiveInt | None = None
 
 
-class PlatformSettings(_Section):
+class DevicePart(_Section):
+    """How the card deploys on devices of at most `max_memory_gb` each (seed 000:
+    granite-4.1-8b with TP=2 on 32 GB parts): engine arguments and environment
+    over the platform's, its own runner and device count, and its own perf
+    settings (the platform's figures are another deployment's)."""
+
+    max_memory_gb: PositiveNumber
+    runner: StrictStr | None = None
+    devices: Annotated[StrictInt, Field(ge=1)] | None = None
     engine: EngineOptions = Field(default_factory=dict)
     env: EnvVars = Field(default_factory=dict)
     perf: PerfSpec | None = None
+
+
+class PlatformSettings(_Section):
+    # The CI runner label the workflow routes the card to, and how many devices
+    # that runner gives its engine (the product of its parallel sizes).
+    runner: StrictStr | None = None
+    devices: Annotated[StrictInt, Field(ge=1)] | None = None
+    engine: EngineOptions = Field(default_factory=dict)
+    env: EnvVars = Field(default_factory=dict)
+    perf: PerfSpec | None = None
+    parts: dict[StrictStr, DevicePart] = Field(default_factory=dict)
 
 
 class DiagnosisSpec(_Section):
@@ -610,10 +630,12 @@ class Card(_Section):
 
     # Set only on a variant (Card.variant): the condition whose engine arguments it adds.
     condition: ConditionName | None = None
+    # Set only on a card deployed on a device part (Card.on_device): that part's name.
+    part: str | None = None
 
     @classmethod
     def _yaml_keys(cls) -> frozenset[str]:
-        return super()._yaml_keys() - {"file", "condition"}
+        return super()._yaml_keys() - {"file", "condition", "part"}
 
     @classmethod
     def _from_yaml(cls, data: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
@@ -686,8 +708,39 @@ class Card(_Section):
                                "only a condition without engine arguments (it runs on the card's own engine)")
         return self
 
+    @model_validator(mode="after")
+    def _device_counts_add_up(self) -> Card:
+        """A declared device count is what the engine's parallel sizes use: the
+        workflow routes by one, the engine boots by the other."""
+        for platform, settings in self.platforms.items():
+            deployments = [((platform, "devices"), settings.devices, {**self.engine, **settings.engine})]
+            deployments += [((platform, "parts", name, "devices"), part.devices,
+                             {**self.engine, **settings.engine, **part.engine}) for name, part in settings.parts.items()]
+            for loc, declared, engine in deployments:
+                if declared is not None and declared != (used := devices.needed(engine)):
+                    raise _Problem(("platforms", *loc), f"is {declared}, and the engine's parallel sizes use {used} "
+                                                        f"({', '.join(devices.PARALLEL_ARGS)})")
+        return self
+
     def platform(self, name: str) -> PlatformSettings:
         return self.platforms.get(name) or PlatformSettings()
+
+    def on_device(self, platform: str, memory_gb: float | None) -> "Card":
+        """The card as it deploys on `platform`'s devices of `memory_gb` each: the
+        platform entry's part with the smallest `max_memory_gb` that holds them
+        merged in (named in `part`), or the card itself when none does."""
+        settings = self.platform(platform)
+        fitting = sorted(((p.max_memory_gb, n) for n, p in settings.parts.items()
+                          if memory_gb is not None and memory_gb <= p.max_memory_gb))
+        if not fitting:
+            return self
+        name = fitting[0][1]
+        part = settings.parts[name]
+        merged = settings.model_copy(update={
+            "runner": part.runner or settings.runner, "devices": part.devices or settings.devices,
+            "engine": {**settings.engine, **part.engine}, "env": {**settings.env, **part.env}, "perf": part.perf,
+            "parts": {}})
+        return self.model_copy(update={"platforms": {**self.platforms, platform: merged}, "part": name})
 
     def engine_args(self, platform: str) -> dict[str, Any]:
         """vLLM engine arguments on `platform`: the common ones, then its overrides,

@@ -313,8 +313,9 @@ def report(conformance: ConformanceSession) -> PrecisionReport:
 
 
 @pytest.fixture(scope="session")
-def card(request: pytest.FixtureRequest, conformance: ConformanceSession) -> Card:
-    return conformance.card(request.param)
+def card(request: pytest.FixtureRequest, conformance: ConformanceSession, platform: Platform) -> Card:
+    """The card as it deploys on this platform's devices (Card.on_device: a device part, e.g. TP=2 on 32 GB parts)."""
+    return conformance.card(request.param).on_device(platform.name, platform.device_memory_gb)
 
 
 @pytest.fixture

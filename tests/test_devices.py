@@ -5,11 +5,13 @@ and the wait for a device's memory."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
+from test_cards import GOOD, write
 
 from npu_conformance import devices
-from npu_conformance.cards import load_catalog
+from npu_conformance.cards import CardError, load_card, load_catalog
 
 pytestmark = pytest.mark.unit
 
@@ -111,3 +113,36 @@ def test_memory_wait_times_out_with_the_figures() -> None:
 
 def test_no_devices_no_wait() -> None:
     assert devices.wait_for_memory([], lambda d: pytest.fail("probed"), 0.92, deadline_s=0) == 0.0
+
+
+def test_granite_deploys_with_tp2_on_32gb_parts() -> None:
+    """Seed 000: one 64 GB card, or two 32 GB cards with TP=2; the part's runner
+    and device count route it, and the base entry's perf figures do not apply."""
+    granite = load_catalog()["granite-4.1-8b"]
+    assert granite.on_device("npu", 64.0) is granite and granite.on_device("npu", None) is granite
+    small = granite.on_device("npu", 32.0)
+    assert small.part == "32gb-tp2" and small.engine_args("npu")["tensor_parallel_size"] == 2
+    settings = small.platform("npu")
+    assert (settings.runner, settings.devices, settings.perf) == ("linux-aarch64-a2b3-2", 2, None)
+    assert devices.needed(small.engine_args("npu")) == settings.devices
+    assert granite.platform("npu").runner == "linux-aarch64-a2b3-1" and devices.needed(granite.engine_args("npu")) == 1
+
+
+def test_every_seed_card_says_where_it_runs() -> None:
+    seeds = [c for c in load_catalog().values() if c.weights.kind in ("modelscope", "hf")]
+    assert len(seeds) == 4
+    for card in seeds:
+        npu = card.platform("npu")
+        assert npu.runner and npu.devices == devices.needed(card.engine_args("npu")), card.name
+
+
+@pytest.mark.parametrize("platforms, field", [
+    ({"npu": {"devices": 2}}, "platforms.npu.devices"),
+    ({"npu": {"devices": 1, "engine": {"tensor_parallel_size": 2}}}, "platforms.npu.devices"),
+    ({"npu": {"parts": {"small": {"max_memory_gb": 32, "devices": 1, "engine": {"tensor_parallel_size": 2}}}}},
+     "platforms.npu.parts.small.devices"),
+])
+def test_a_device_count_the_engine_does_not_use_is_refused(tmp_path: Path, platforms: dict, field: str) -> None:
+    with pytest.raises(CardError) as err:
+        load_card(write(tmp_path, {**GOOD, "platforms": platforms}))
+    assert err.value.field == field and "the engine's parallel sizes use" in str(err.value)
