@@ -21,7 +21,10 @@ selects:
 
 from __future__ import annotations
 
+import argparse
+import json
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -29,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from npu_conformance.cards import DEFAULTS_NAME
+from npu_conformance.cards import CATALOG_DIR, DEFAULTS_NAME, PROMPTS_DIR
 from npu_conformance.merge import deep_merge
 
 # The suite's own layout, relative to the repository root. Card data that the
@@ -60,6 +63,7 @@ class CardInputs:
     name: str
     prompt_set: str | None  # None: the card lists its prompts inline
     patch: str | None
+    runners: Mapping[str, str]  # platform -> the CI runner label its entry routes the card to
 
 
 @dataclass(frozen=True)
@@ -128,9 +132,29 @@ def card_inputs(catalog: Path) -> dict[str, CardInputs]:
             continue
         data = deep_merge(defaults, _yaml_mapping(file))
         prompts, patch = data.get("prompts"), data.get("patch")
+        platforms = data.get("platforms") if isinstance(data.get("platforms"), dict) else {}
+        runners = {name: entry["runner"] for name, entry in platforms.items()
+                   if isinstance(entry, dict) and isinstance(entry.get("runner"), str)}
         inputs[file.stem] = CardInputs(file.stem, prompts if isinstance(prompts, str) else None,
-                                       patch if isinstance(patch, str) else None)
+                                       patch if isinstance(patch, str) else None, runners)
     return inputs
+
+
+def runner_matrix(cards: Sequence[str], catalog: Path, platform: str) -> list[dict[str, Any]]:
+    """The selected cards grouped by the runner their `platform` entry names, as a
+    GitHub Actions matrix: one job per runner label, `--model` per card. A card
+    with no runner for the platform is refused: it would silently not run."""
+    inputs = card_inputs(catalog)
+    unrouted = sorted(c for c in cards if platform not in inputs[c].runners)
+    if unrouted:
+        raise ChangesError(f"cards with no platforms.{platform}.runner: {', '.join(unrouted)}")
+    groups: dict[str, list[str]] = {}
+    for card in sorted(cards):
+        groups.setdefault(inputs[card].runners[platform], []).append(card)
+    return [{"runner": runner, "cards": " ".join(names), "models": " ".join(f"--model={n}" for n in names)}
+            for runner, names in sorted(groups.items())]
+
+
 
 
 def _yaml_mapping(file: Path) -> dict[str, Any]:
@@ -187,3 +211,25 @@ def changed_cards(ref: str, catalog: Path, prompts: Path) -> ChangedCards:
     root, base, changed = changed_files(ref, catalog)
     reasons = select(changed, card_inputs(catalog), _relative(catalog, root), _relative(prompts, root))
     return ChangedCards(ref, base, tuple(changed), reasons)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m npu_conformance.changes REF --platform npu`: the workflow's job
+    matrix for the cards the change since REF touches (JSON on stdout; why on stderr)."""
+    parser = argparse.ArgumentParser(prog="python -m npu_conformance.changes", description=main.__doc__)
+    parser.add_argument("ref")
+    parser.add_argument("--platform", required=True)
+    args = parser.parse_args(argv)
+    try:
+        changes = changed_cards(args.ref, CATALOG_DIR, PROMPTS_DIR)
+        matrix = runner_matrix(changes.cards, CATALOG_DIR, args.platform)
+    except ChangesError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(changes.describe()), file=sys.stderr)
+    print(json.dumps({"include": matrix}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

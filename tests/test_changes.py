@@ -20,7 +20,7 @@ import yaml
 
 from npu_conformance.cards import CATALOG_DIR, DEFAULTS_NAME
 from npu_conformance.changes import (CARD_DATA, MACHINERY_DIRS, MACHINERY_FILES, PATCHES, ChangesError, Reason,
-                                     changed_cards)
+                                     changed_cards, runner_matrix)
 from npu_conformance.plugin import PATH_OPTIONS
 
 pytestmark = pytest.mark.unit
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = ROOT / ".github" / "workflows" / "npu-conformance.yaml"
 # Self-hosted runner labels the workflow uses, as vllm-ascend's .github/actionlint.yaml lists them.
-SELF_HOSTED_LABELS = ("linux-aarch64-a2b3-1",)
+SELF_HOSTED_LABELS = ("linux-aarch64-a2b3-1", "linux-aarch64-a2b3-2")
 
 # A minimal tree in the suite's layout: cards (raw YAML: the selection reads only
 # `prompts` and `patch`), prompt sets, patches, one shared module, a doc.
@@ -334,7 +334,11 @@ def pytest_options(tmp_path: Path) -> tuple[set[str], set[str]]:
 def test_the_npu_job_runs_precision_then_perf_of_the_changed_cards(tmp_path: Path) -> None:
     data = workflow()
     npu = data["jobs"]["npu"]
-    assert npu["runs-on"] in SELF_HOSTED_LABELS and "ascend" in npu["container"]["image"]
+    # One job per runner the plan job found in the changed cards' npu entries.
+    assert npu["runs-on"] == "${{ matrix.runner }}" and "ascend" in npu["container"]["image"]
+    assert npu["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
+    assert npu["env"]["MODELS"] == "${{ matrix.models }}"
+    assert all("$MODELS" in argv for argv in pytest_commands(npu))
     assert ["pip", "install", "-e", ".", "--no-deps"] in commands(npu)  # as the README's Ascend host
     assert npu["env"]["BASE_REF"] == "${{ github.base_ref }}"
     known, ours = pytest_options(tmp_path)
@@ -369,3 +373,28 @@ def test_the_workflow_triggers_on_every_path_that_selects_a_card() -> None:
     samples = [*(f"{d}x/y.py" for d in (*CARD_DATA, PATCHES, *MACHINERY_DIRS)), *MACHINERY_FILES]
     missing = [p for p in samples if not any(fnmatch.fnmatchcase(p, g) for g in globs)]
     assert not missing, f"{missing} select cards but do not trigger the workflow"
+
+
+def test_the_plan_routes_every_card_to_a_known_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every card of the shipped catalog names an npu runner the workflow knows;
+    the matrix groups them by it, the TP=2 card on a two-card runner."""
+    catalog = CATALOG_DIR
+    names = sorted(p.stem for p in catalog.glob("*.yaml") if not p.name.startswith("_"))
+    matrix = runner_matrix(names, catalog, "npu")
+    assert {job["runner"] for job in matrix} <= set(SELF_HOSTED_LABELS)
+    routed = {card: job["runner"] for job in matrix for card in job["cards"].split()}
+    assert sorted(routed) == names and routed["synthetic-llama-tp2"] == "linux-aarch64-a2b3-2"
+    for job in matrix:
+        assert job["models"].split() == [f"--model={c}" for c in job["cards"].split()]
+    plan = [argv[:6] for argv in commands(workflow()["jobs"]["plan"]) if "npu_conformance.changes" in argv]
+    assert plan == [["python", "-m", "npu_conformance.changes", "origin/$BASE_REF", "--platform", "npu"]]
+
+
+def test_a_card_without_a_runner_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "_defaults.yaml").write_text("prompts: default\n")
+    (tmp_path / "lost.yaml").write_text("name: lost\n")
+    (tmp_path / "found.yaml").write_text("name: found\nplatforms: {npu: {runner: linux-aarch64-a2b3-1}}\n")
+    with pytest.raises(ChangesError, match="cards with no platforms.npu.runner: lost"):
+        runner_matrix(["found", "lost"], tmp_path, "npu")
+    assert runner_matrix(["found"], tmp_path, "npu") == [
+        {"runner": "linux-aarch64-a2b3-1", "cards": "found", "models": "--model=found"}]
