@@ -221,18 +221,36 @@ def pytest_configure(config: pytest.Config) -> None:
             flag = "--" + name.replace("_", "-")
             raise pytest.UsageError(f"write {flag}={value} (with '='): given as '{flag} {value}', pytest takes {value} for its root directory")
     config.stash[SESSION] = ConformanceSession(config)
-    # Under xdist, a card's tests (and its variants') stay on one worker, so its
-    # engine boots once per run: items carry xdist_group marks (below), which
-    # only the loadgroup mode honours. -n alone means load.
-    if getattr(config.option, "dist", "no") == "load":
-        config.option.dist = "loadgroup"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        params = getattr(item, "callspec", None)
-        if params is not None and "card" in params.params:
-            item.add_marker(pytest.mark.xdist_group(str(params.params["card"]).partition(VARIANT_MARK)[0]))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `-n` (xdist's load modes), a card's tests and its variants' go to
+    one worker, so its engine boots once per run: xdist's scope scheduling, with
+    the card as the scope (the test ids carry the card's name)."""
+    if config.getoption("dist", "no") not in ("load", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    names = sorted({*session_of(config).catalog, *session_of(config).selected}, key=len, reverse=True)
+
+    class CardScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return card_of_test(nodeid, names) or nodeid
+
+    return CardScheduling(config, log)
+
+
+def card_of_test(nodeid: str, names: list[str]) -> str | None:
+    """The card (its base name for a variant) a test id is parametrized by,
+    given the card names longest first; None for a test without a card."""
+    if not nodeid.endswith("]") or "[" not in nodeid:
+        return None
+    param = nodeid[nodeid.index("[") + 1:-1]
+    for name in names:
+        if param == name or param.startswith((f"{name}-", f"{name}{VARIANT_MARK}")):
+            return name
+    return None
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -12,6 +12,7 @@ from test_cards import GOOD, write
 
 from npu_conformance import devices
 from npu_conformance.cards import CardError, load_card, load_catalog
+from npu_conformance.plugin import card_of_test
 
 pytestmark = pytest.mark.unit
 
@@ -146,3 +147,19 @@ def test_a_device_count_the_engine_does_not_use_is_refused(tmp_path: Path, platf
     with pytest.raises(CardError) as err:
         load_card(write(tmp_path, {**GOOD, "platforms": platforms}))
     assert err.value.field == field and "the engine's parallel sizes use" in str(err.value)
+
+
+def test_tests_are_scheduled_by_their_card() -> None:
+    """xdist's scope under -n is the card a test id names (a variant's base card),
+    the longest name first, so synthetic-llama-bf16 is not synthetic-llama."""
+    names = sorted(["synthetic-llama", "synthetic-llama-bf16", "synthetic-granite"], key=len, reverse=True)
+    cases = {
+        "tests/test_precision.py::test_top1_match[synthetic-llama-en_capital]": "synthetic-llama",
+        "tests/test_precision.py::test_top1_match[synthetic-llama-bf16-en_capital]": "synthetic-llama-bf16",
+        "tests/test_precision.py::test_engine_ran_what_the_card_claims[synthetic-granite]": "synthetic-granite",
+        "tests/test_conditions.py::test_condition[synthetic-llama+graph-graph-en_capital]": "synthetic-llama",
+        "tests/test_perf.py::test_throughput[synthetic-granite-bs4]": "synthetic-granite",
+        "tests/test_devices.py::test_worker_index": None,
+        "tests/test_devices.py::test_device_lists[0-7-expected0]": None,
+    }
+    assert {nodeid: card_of_test(nodeid, names) for nodeid in cases} == cases
