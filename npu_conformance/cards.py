@@ -106,6 +106,16 @@ def read_json(file: Path, what: str) -> Any:
         raise CardError(file, "<json>", f"not valid JSON: {exc}", what) from None
 
 
+def validated(model: type[BaseModel], data: Any, file: Path, what: str) -> Any:
+    """`data`, read from `file`, validated as `model`; a CardError naming the file
+    and the dotted field otherwise (for the suite's other user-editable files)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        loc, problem, _ = _first_error(exc)
+        raise CardError(file, _dotted(loc), problem, what) from None
+
+
 class _Problem(ValueError):
     """Raised by the validators below. `path` continues the location pydantic
     reports (a key of a mapping, the field a cross-field rule is about); with
@@ -433,27 +443,28 @@ class WeightSource(_Positional):
 
 
 class PerfSpec(_Section):
+    """How a card's throughput is measured and gated. The gate compares against a
+    recorded baseline (npu_conformance/baselines.py), never a hand-set floor:
+    `measured >= baseline x (1 - max(slack, noise_k x noise))`, noise being the
+    spread of the baseline's recorded runs."""
+
     batch_sizes: Annotated[tuple[PositiveInt, ...], Field(min_length=1)]
     input_len: PositiveInt
     output_len: PositiveInt
+    # Timed rounds per case: the gate reads their median.
     rounds: PositiveInt
     warmup_rounds: Annotated[StrictInt, Field(ge=0)]
-    # Either an absolute floor per batch size, or a baseline with a slack factor.
-    floor_tok_s: dict[PositiveInt, PositiveNumber] | None = None
-    baseline_tok_s: dict[PositiveInt, PositiveNumber] | None = None
-    slack: StrictFloat | None = None
-
-    @model_validator(mode="after")
-    def _gates(self) -> PerfSpec:
-        if self.baseline_tok_s is not None and self.slack is None:
-            raise _Problem(("slack",), "is required with baseline_tok_s (vllm-ascend's nightly gates use 0.97)")
-        if self.slack is not None and not 0 < self.slack <= 1:
-            raise _Problem(("slack",), f"must be in (0, 1], got {self.slack!r}")
-        for key, table in (("floor_tok_s", self.floor_tok_s), ("baseline_tok_s", self.baseline_tok_s)):
-            extra = sorted(set(table or ()) - set(self.batch_sizes))
-            if extra:
-                raise _Problem((key,), f"batch sizes {extra} are not in batch_sizes {list(self.batch_sizes)}")
-        return self
+    # The smallest tolerance the gate allows, whatever the recorded noise.
+    slack: Annotated[StrictFloat, Field(ge=0, lt=1)]
+    # How many times the recorded run-to-run noise the tolerance covers.
+    noise_k: Annotated[StrictFloat, Field(ge=0)]
+    # The slowdown the gate must catch (tests/test_perf.py injects it): a case
+    # whose tolerance lets it through is reported as unable to gate.
+    detect_slowdown: Annotated[StrictFloat, Field(gt=1)]
+    # Also measured with the graph condition's engine (enforce_eager: false).
+    graph: StrictBool = False
+    # Compared with `vllm bench throughput` run in its own processes (boots an engine each time).
+    fidelity: StrictBool = False
 
 
 # Joins a card's name and a condition's in a variant's name.

@@ -20,7 +20,8 @@ from npu_conformance.cards import (CATALOG_DIR, PROMPTS_DIR, VARIANT_MARK, Card,
                                    load_catalog)
 from npu_conformance.changes import ChangedCards, ChangesError, changed_cards
 from npu_conformance.compare.precision import summary_line
-from npu_conformance.perf import perf_batch_sizes
+from npu_conformance.baselines import BASELINES_DIR
+from npu_conformance.perf import perf_batch_sizes, perf_cards
 from npu_conformance.platform import Platform, detect
 from npu_conformance.report import PrecisionReport
 
@@ -58,12 +59,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--save-reference", type=Path, metavar="DIR",
                     help="write the selected cards' reference results as golden references into DIR/<card>, "
                          "for a later run's --reference-path DIR/<card>")
+    group.addoption("--perf-record", action="store_true",
+                    help="append each perf case's run to its card's baseline in --perf-baselines (run it in several "
+                         "separate sessions: their spread is the gate's noise band), then commit the files")
+    group.addoption("--perf-baselines", type=Path, default=BASELINES_DIR, metavar="DIR",
+                    help="where the cards' perf baselines are read and recorded, as DIR/<card>.json "
+                         "(default: the shipped npu_conformance/data/perf_baselines)")
     group.addoption("--devices", metavar="LIST",
                     help="devices to split across xdist workers, as 0-7 or 0,2,4 (default: every device the "
                          "platform reports)")
 
 
-PATH_OPTIONS = ("model_path", "reference_path", "report_dir", "cache_dir", "weights_dir", "catalog")
+PATH_OPTIONS = ("model_path", "reference_path", "report_dir", "cache_dir", "weights_dir", "catalog", "perf_baselines")
 
 
 class ConformanceSession:
@@ -282,9 +289,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize(["card", "condition_case"], triples, indirect=["card"], scope="session",
                              ids=[f"{c}-{k}-{p}" for c, (_, k, p) in triples])
     elif "perf_case" in metafunc.fixturenames:
-        pairs = [(c.name, (c.name, b)) for c in cards for b in perf_batch_sizes(c)]
+        # Each engine mode the card measures (its graph-mode variant has an engine of its own).
+        pairs = [(v.name, (v.name, b)) for c in cards for v in perf_cards(c) for b in perf_batch_sizes(c)]
         metafunc.parametrize(["card", "perf_case"], pairs, indirect=["card"], scope="session",
                              ids=[f"{c}-bs{b}" if b else c for c, (_, b) in pairs])
+    elif "slowdown_case" in metafunc.fixturenames:
+        pairs = [(c.name, (c.name, kind)) for c in cards for kind in ("control", "slowed")]
+        metafunc.parametrize(["card", "slowdown_case"], pairs, indirect=["card"], scope="session",
+                             ids=[f"{c}-{kind}" for c, (_, kind) in pairs])
     else:
         metafunc.parametrize("card", [c.name for c in cards], indirect=True, scope="session")
 

@@ -33,17 +33,18 @@ def _figure() -> tuple[Any, Any]:
 
 
 def throughput(cases: list[dict[str, Any]], directory: Path) -> Path:
-    """Output tok/s per batch size, with the card's floor and the roofline where the cases carry them."""
+    """Output tok/s per batch size and engine mode, with the recorded baseline and the roofline where the cases carry them."""
     lab = labels()["throughput"]
-    cases = sorted(cases, key=lambda c: c["batch_size"])
-    batches = [c["batch_size"] for c in cases]
     fig, ax = _figure()
-    ax.plot(batches, [c["output_tok_s"] for c in cases], "o-", label=lab["measured"])
-    ax.plot(batches, [c["output_tok_s_median"] for c in cases], "s:", label=lab["median"])
-    floors = [(c["batch_size"], c["floor_tok_s"]) for c in cases if c.get("floor_tok_s") is not None]
-    if floors:
-        ax.plot(*zip(*floors), "v--", color="tab:red", label=lab["floor"])
-    roofs = [(c["batch_size"], c["roofline_tok_s"]) for c in cases if c.get("roofline_tok_s") is not None]
+    batches = sorted({c["batch_size"] for c in cases})
+    for mode in sorted({c.get("mode", "eager") for c in cases}):
+        mine = sorted((c for c in cases if c.get("mode", "eager") == mode), key=lambda c: c["batch_size"])
+        ax.plot([c["batch_size"] for c in mine], [c["output_tok_s"] for c in mine], "o-",
+                label=lab["measured"].format(mode=mode))
+        base = [(c["batch_size"], c["baseline"]["tok_s"]) for c in mine if c.get("baseline")]
+        if base:
+            ax.plot(*zip(*base), "v--", label=lab["baseline"].format(mode=mode))
+    roofs = sorted({(c["batch_size"], c["roofline_tok_s"]) for c in cases if c.get("roofline_tok_s") is not None})
     if roofs:
         ax.plot(*zip(*roofs), "^-.", color="tab:gray", label=lab["roofline"])
     # Measured figures and the roofline can differ by orders of magnitude on CPU.

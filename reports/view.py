@@ -113,7 +113,11 @@ class Model:
     @property
     def throughput_cases(self) -> list[dict[str, Any]]:
         return sorted((c for k, c in self.perf_cases.items() if "::test_throughput[" in k),
-                      key=lambda c: c["batch_size"])
+                      key=lambda c: (c.get("mode", "eager"), c["batch_size"]))
+
+    @property
+    def slowdown_cases(self) -> list[dict[str, Any]]:
+        return [c for k, c in sorted(self.perf_cases.items()) if "::test_gate_under_injected_slowdown[" in k]
 
     @property
     def platform(self) -> dict[str, Any] | None:
@@ -369,6 +373,20 @@ def _precision(m: Model, decoder: Decoder, files: dict[str, Path], verdict: Call
     }
 
 
+def _gate_cells(c: dict[str, Any]) -> list[str]:
+    """Baseline +- noise, normalized ratio against the baseline's, host speed and tolerance of one perf case."""
+    gate = c.get("gate") or {}
+    base, norm, host = c.get("baseline") or {}, gate.get("normalized") or {}, gate.get("host") or {}
+
+    def band(value: float | None, noise: float | None, spec: str) -> str:
+        return "—" if value is None else f"{value:{spec}}" + (f" ± {noise:.1%}" if noise is not None else "")
+
+    return [band(base.get("tok_s"), base.get("tok_s_noise"), ".1f"),
+            "—" if not norm else f"{norm['measured']:.3f} / {band(norm['baseline'], norm.get('noise'), '.3f')}",
+            _num(host.get("speed"), ".2f"),
+            _pct((norm or gate.get("absolute") or {}).get("tolerance"))]
+
+
 def _performance(m: Model, files: dict[str, Path], verdict: Callable[[str], str]) -> dict[str, Any]:
     pm, cases = m.perf_model, m.throughput_cases
     bw = (pm or {}).get("bandwidth", {})
@@ -386,12 +404,16 @@ def _performance(m: Model, files: dict[str, Path], verdict: Callable[[str], str]
             "roofline_tok_s_batch1": _num(pm.get("roofline_tok_s_batch1"), ".1f")},
         "throughput": None if not cases else {
             "input_len": cases[0]["input_len"], "output_len": cases[0]["output_len"], "rounds": cases[0]["rounds"],
+            "calibration": cases[0].get("calibration", "—"),
             "picture": str(files["throughput"]),
-            "rows": [[c["batch_size"], _num(c["output_tok_s"], ".1f"), _num(c.get("output_tok_s_median"), ".1f"),
-                      _num(c.get("total_tok_s"), ".1f"), _num(c.get("ttft_ms_median"), ".1f"),
-                      _num(c.get("tpot_ms_median"), ".1f"), _num(c.get("floor_tok_s"), ".1f"),
-                      _num(c.get("roofline_tok_s"), ".1f"), _pct(c.get("roofline_fraction")),
+            "rows": [[c.get("mode", "eager"), c["batch_size"], _num(c["output_tok_s"], ".1f"),
+                      _num(c.get("output_tok_s_best"), ".1f"), _num(c.get("total_tok_s"), ".1f"),
+                      _num(c.get("ttft_ms_median"), ".1f"), _num(c.get("tpot_ms_median"), ".1f"),
+                      *_gate_cells(c), _num(c.get("roofline_tok_s"), ".1f"), _pct(c.get("roofline_fraction")),
                       f"{verdict(c['verdict'])}: {c['message']}"] for c in cases]},
+        "slowdown": [[c.get("injected", {}).get("factor"), _num(c.get("injected", {}).get("achieved_slowdown"), ".2f"),
+                      _num(c["output_tok_s"], ".1f"), *_gate_cells(c), c.get("expected_verdict", "—"),
+                      f"{verdict(c['verdict'])}: {c['message']}"] for c in m.slowdown_cases],
         "fidelity": [{"verdict": verdict(c["verdict"]), "message": c["message"]}
                      for c in m.perf_cases.values() if "ratios" in c],
         "benchmarks": [[b["name"], b["stats"]["rounds"],

@@ -41,7 +41,10 @@ def test_seed_cards_name_their_sources_and_patches():
     assert catalog["qwen1.5-0.5b-chat-gptq-int4"].weights.kind == "modelscope"
     assert catalog["qwen1.5-0.5b-chat-gptq-int4"].patch == "gptq"
     assert catalog["qwen3-4b-thinking-2507-fp8"].patch == "fp8_block"
-    assert catalog["granite-4.1-8b"].platform("npu").perf.baseline_tok_s == {1: 21.0, 8: 120.0}
+    from npu_conformance import baselines
+
+    seed = {e.key.batch_size: e.tok_s for e in baselines.load("granite-4.1-8b").entries}
+    assert seed == {1: 21.0, 8: 120.0}
 
 
 def test_platform_overrides_merge_over_common_engine_args(tmp_path):
@@ -67,11 +70,15 @@ def test_platform_overrides_merge_over_common_engine_args(tmp_path):
         ({"platforms": {"tpu": {}}}, "platforms.tpu", "unknown platform"),
         ({"platforms": {"cpu": {"env": {"X": 1}}}}, "platforms.cpu.env.X", "strings"),
         ({"platforms": {"npu": {"perf": {"batch_sizes": [1], "input_len": 8, "output_len": 8, "rounds": 1,
-                                         "warmup_rounds": 0, "baseline_tok_s": {1: 10}}}}},
-         "platforms.npu.perf.slack", "is required"),
+                                         "warmup_rounds": 0, "noise_k": 2.0, "detect_slowdown": 1.25}}}},
+         "platforms.npu.perf.slack", "required"),
         ({"platforms": {"npu": {"perf": {"batch_sizes": [1], "input_len": 8, "output_len": 8, "rounds": 1,
-                                         "warmup_rounds": 0, "floor_tok_s": {4: 10}}}}},
-         "platforms.npu.perf.floor_tok_s", "not in batch_sizes"),
+                                         "warmup_rounds": 0, "slack": 1.0, "noise_k": 2.0,
+                                         "detect_slowdown": 1.25}}}},
+         "platforms.npu.perf.slack", "must be < 1"),
+        ({"platforms": {"npu": {"perf": {"batch_sizes": [1], "input_len": 8, "output_len": 8, "rounds": 1,
+                                         "warmup_rounds": 0, "floor_tok_s": {1: 10}}}}},
+         "platforms.npu.perf.floor_tok_s", "unknown field"),
         ({"engine": {"dtype": "float16"}}, "engine.dtype", "set by the suite"),
         ({"engine": {"load_format": "dummy"}}, "engine.load_format", "set by the suite"),
         ({"platforms": {"npu": {"engine": {"model": "x"}}}}, "platforms.npu.engine.model", "set by the suite"),

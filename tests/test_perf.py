@@ -1,22 +1,24 @@
-"""Performance conformance: output tok/s per card and batch size, on the session's
-engine, measured with pytest-benchmark and gated by the card's floors for the
-platform (floor_tok_s, or baseline_tok_s x slack as vllm-ascend's nightly gates);
-plus the checks that the measurement itself is sound."""
+"""Performance conformance: output tok/s per card, batch size and engine mode, on
+the session's engine, measured with pytest-benchmark and gated against the card's
+recorded baseline for this device (npu_conformance/baselines.py), normalized to a
+host-speed calibration run before every round; plus the checks that the gate
+catches the slowdown it must, and that the suite's figure is vLLM's own."""
 
 from __future__ import annotations
 
-import dataclasses
+import json
+import os
 import re
-import time
+import statistics
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
-from npu_conformance import perf
+from npu_conformance import baselines, perf
 from npu_conformance.cards import Card, PerfSpec
+from npu_conformance.engines.target import NO_TELEMETRY, VllmRunner
 from npu_conformance.platform import Platform
-from npu_conformance.engines.target import VllmRunner
 
 
 @pytest.fixture(scope="session")
@@ -53,10 +55,41 @@ def device_bandwidth(platform: Platform) -> perf.Bandwidth:
 
 
 @pytest.fixture(scope="session")
+def versions(platform: Platform) -> dict[str, str]:
+    """The library versions a baseline is keyed by."""
+    return baselines.versions_of(platform.versions)
+
+
+@pytest.fixture(scope="session")
+def calibration(calibration_checkpoint: Path, platform: Platform) -> perf.Calibration:
+    """The host-speed calibration (data/perf.yaml), loaded once per session."""
+    spec = baselines.settings()["calibration"]
+    return perf.Calibration(calibration_checkpoint, platform.name, spec["batch_size"], spec["input_len"],
+                            spec["output_len"], spec["warmup_rounds"])
+
+
+@pytest.fixture(scope="session")
+def card_baselines(pytestconfig: pytest.Config) -> Callable[[str], baselines.BaselineFile]:
+    """A card's recorded baselines, read from --perf-baselines (a malformed file fails its card's cases)."""
+    directory = pytestconfig.getoption("perf_baselines")
+    return lambda name: baselines.load(name, directory)
+
+
+@pytest.fixture(scope="session")
+def clean_runs() -> dict[tuple[str, int], perf.Measurement]:
+    """This session's clean measurements, by (card, batch size): the step time the slowdown is sized from."""
+    return {}
+
+
+@pytest.fixture(scope="session")
 def perf_model(card: Card, target: VllmRunner, checkpoint: Path, device_bandwidth: perf.Bandwidth,
                perf_report: perf.PerfReport) -> dict[str, Any]:
     figures = perf.model_figures(card, target, checkpoint, device_bandwidth)
-    perf_report.models[card.name] = figures
+    if card.condition is None:
+        perf_report.models.setdefault(card.name, {}).update(figures)
+    else:
+        # A variant's engine (graph mode) is reported under its card.
+        perf_report.models.setdefault(card.base_name, {}).setdefault("variants", {})[card.condition] = figures
     return figures
 
 
@@ -72,138 +105,282 @@ def timed(benchmark: Any) -> Any:
     return benchmark
 
 
+def _record_hint(card: Card) -> str:
+    return f"record one with `pytest -m perf --model {card.base_name} --perf-record`, run at least 3 times"
+
+
+def _baseline(card: Card, platform: Platform, spec: PerfSpec, batch: int, versions: dict[str, str],
+              card_baselines: Callable[[str], baselines.BaselineFile]) -> tuple[baselines.Key, baselines.Entry | None]:
+    key = perf.baseline_key(card, platform, spec, batch)
+    return key, baselines.find(card_baselines(card.base_name), key, versions)
+
+
 @pytest.mark.perf
 @pytest.mark.xdist_group("perf")
 def test_throughput(perf_spec: PerfSpec, batch: int, card: Card, platform: Platform, target: VllmRunner,
-                    perf_model: dict[str, Any], perf_report: perf.PerfReport, timed: Any,
-                    request: pytest.FixtureRequest) -> None:
-    """Output tok/s at the card's exact lengths meets the card's floor at this batch size."""
+                    perf_model: dict[str, Any], perf_report: perf.PerfReport, calibration: perf.Calibration,
+                    versions: dict[str, str], card_baselines: Callable[[str], baselines.BaselineFile],
+                    clean_runs: dict[tuple[str, int], perf.Measurement], timed: Any,
+                    request: pytest.FixtureRequest, pytestconfig: pytest.Config) -> None:
+    """Median output tok/s at the card's exact lengths, and its ratio to the
+    calibration, within the gate's tolerance of the recorded baseline."""
     timed.group = card.name
-    m = perf.measure(timed, target, batch, perf_spec.input_len, perf_spec.output_len,
-                     perf_spec.rounds, perf_spec.warmup_rounds)
-    floor = perf.floor_for(perf_spec, batch)
-    figures = perf.case_figures(card, platform, m, floor, perf_model)
+    rounds = perf.Rounds(target, batch, perf_spec.input_len, perf_spec.output_len, calibration)
+    m = perf.measure(timed, rounds, perf_spec.rounds, perf_spec.warmup_rounds, versions)
+    clean_runs[(card.name, batch)] = m
+    key, entry = _baseline(card, platform, perf_spec, batch, versions, card_baselines)
+    gate = perf.judge(m, entry, perf_spec, _record_hint(card))
+    lengths_ok, lengths = perf.check_lengths(m, perf_spec)
+    figures = {**perf.case_figures(card, platform, m, gate, perf_model), "calibration": calibration.describe()}
     timed.extra_info.update(figures)
-    check = perf.check_floor(m.output_tok_s, floor) if floor else None
-    lengths = perf.check_lengths(m, perf_spec)
-    verdict = ("fail" if not lengths.passed else "measured" if check is None else "pass" if check.passed else "fail")
-    messages = [c.message for c in (lengths, check) if c is not None and not c.passed] or [
-        check.message if check else "no floor for this case"]
-    perf_report.add_case(request.node.nodeid, figures, verdict, "; ".join(messages))
+    if pytestconfig.getoption("perf_record") and lengths_ok:
+        figures["recorded_to"] = str(baselines.record(card.base_name, key, versions, m.as_run(),
+                                                      pytestconfig.getoption("perf_baselines")))
+    perf_report.add_case(request.node.nodeid, figures, gate.verdict if lengths_ok else "fail",
+                         gate.message if lengths_ok else f"{lengths}; {gate.message}")
+    assert lengths_ok, lengths
+    assert gate.passed, gate.message
 
-    assert lengths.passed, lengths.message
-    if check is not None:
-        assert check.passed, check.message
+
+@pytest.mark.perf
+@pytest.mark.xdist_group("perf")
+def test_gate_under_injected_slowdown(perf_spec: PerfSpec, card: Card, platform: Platform, target: VllmRunner,
+                                      perf_model: dict[str, Any], perf_report: perf.PerfReport,
+                                      calibration: perf.Calibration, versions: dict[str, str],
+                                      card_baselines: Callable[[str], baselines.BaselineFile],
+                                      clean_runs: dict[tuple[str, int], perf.Measurement],
+                                      slowdown_case: tuple[str, str], timed: Any, request: pytest.FixtureRequest,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sleep in every engine step, sized from this session's measured step time
+    so rounds take `detect_slowdown` times as long (1.25x), fails the gate; the
+    control, the same wrapper sleeping 0, passes. Both against the baseline the
+    clean case used (this session's clean run where the device has none recorded)."""
+    batch = min(perf_spec.batch_sizes)
+    slowed = slowdown_case[1] == "slowed"
+    factor = perf_spec.detect_slowdown if slowed else 1.0
+    clean = clean_runs.get((card.name, batch)) or perf.time_rounds(
+        perf.Rounds(target, batch, perf_spec.input_len, perf_spec.output_len, calibration),
+        perf_spec.rounds, perf_spec.warmup_rounds, versions)
+    key, entry = _baseline(card, platform, perf_spec, batch, versions, card_baselines)
+    if entry is None:
+        entry = baselines.Entry(key=key, versions=versions, source="this session's clean run (none recorded)",
+                                runs=(clean.as_run(),))
+    engine = target.llm.llm_engine
+    delay = perf.StepDelay(engine.step)
+    with monkeypatch.context() as patch:
+        patch.setattr(engine, "step", delay)
+        target.generate(perf.fresh_prompts(target.vocab_size, batch, perf_spec.input_len),
+                        perf.exact_length_params(perf_spec.output_len))
+        steps = delay.calls
+        delay.delay_s = perf.delay_for(factor, statistics.median(clean.round_s), steps)
+        timed.group = f"{card.name} (injected slowdown)"
+        m = perf.measure(timed, perf.Rounds(target, batch, perf_spec.input_len, perf_spec.output_len, calibration),
+                         perf_spec.rounds, perf_spec.warmup_rounds, versions)
+    assert "step" not in vars(engine), "the engine's step was not restored"
+    gate = perf.judge(m, entry, perf_spec, _record_hint(card))
+    figures = {**perf.case_figures(card, platform, m, gate, perf_model), "calibration": calibration.describe(),
+               "injected": {"factor": factor, "delay_per_step_s": delay.delay_s, "steps_per_round": steps,
+                            "achieved_slowdown": clean.output_tok_s / m.output_tok_s},
+               "expected_verdict": "fail" if slowed else "pass"}
+    timed.extra_info.update(figures)
+    deciding = gate.figures["gate"][gate.deciding]
+    perf_report.add_case(request.node.nodeid, figures, gate.verdict, gate.message)
+    if slowed:
+        assert gate.verdict == "fail" and not deciding["passed"], (
+            f"a {factor:g}x slowdown ({delay.delay_s * 1e3:.2f} ms in each of {steps} steps per round) "
+            f"passed the gate: {gate.message}")
+    else:
+        assert gate.verdict == "pass", f"the control (no delay) failed the gate: {gate.message}"
 
 
 @pytest.mark.perf
 @pytest.mark.xdist_group("perf")
 def test_agrees_with_vllm_benchmark(perf_spec: PerfSpec, card: Card, platform: Platform, target: VllmRunner,
-                                    perf_model: dict[str, Any], perf_report: perf.PerfReport, timed: Any,
-                                    request: pytest.FixtureRequest) -> None:
-    """The suite's output tok/s (pytest-benchmark's timing, the suite's token count)
-    agrees with what vLLM's own throughput benchmark reports (its timer, its count)
-    for the very same rounds, run through that benchmark's code on the session's
-    engine at the card's largest batch. Timing the same execution twice makes the
-    comparison immune to load from other processes, which on a shared machine moves
-    separate runs by far more than 10%."""
-    run = perf.vllm_throughput_runner()
-    if run is None:
-        pytest.skip("this vLLM's benchmarks cannot take a built engine: compare by hand with "
-                    "`vllm bench throughput --dataset-name random` at the card's lengths and engine arguments")
+                                    checkpoint: Path, perf_model: dict[str, Any], perf_report: perf.PerfReport,
+                                    versions: dict[str, str], request: pytest.FixtureRequest,
+                                    pytestconfig: pytest.Config) -> None:
+    """The suite's output tok/s at the card's largest batch agrees with what
+    `vllm bench throughput`, run in its own process at the same lengths, batch and
+    engine arguments, reports: suite and bench runs alternate, and the median of
+    their ratios is within the tolerance (data/perf.yaml)."""
+    if not perf_spec.fidelity:
+        pytest.skip(f"{card.name} does not compare with vllm bench throughput on {platform.name} (perf.fidelity)")
+    settings = baselines.settings()["fidelity"]
     batch = max(perf_spec.batch_sizes)
-    timed.group = card.name
-    reported: list[float] = []
-
-    def vllm_round(prompts: list[list[int]]) -> list[Any]:
-        tok_s, outputs = perf.vllm_benchmark_round(run, target.llm, prompts, perf_spec.output_len)
-        reported.append(tok_s)
-        return outputs
-
-    m = perf.measure(timed, target, batch, perf_spec.input_len, perf_spec.output_len,
-                     perf_spec.rounds, perf_spec.warmup_rounds, run_round=vllm_round)
-    vllm_tok_s = reported[perf_spec.warmup_rounds : perf_spec.warmup_rounds + perf_spec.rounds]
-    ratios = perf.fidelity_ratios(m, vllm_tok_s)
-    figures = {**perf.case_figures(card, platform, m, None, perf_model),
-               "vllm_benchmark_output_tok_s": vllm_tok_s, "ratios": ratios, "tolerance": perf.FIDELITY_TOLERANCE}
-    timed.extra_info.update(figures)
-    worst = max(ratios, key=lambda r: abs(r - 1))
-    message = (f"suite vs vLLM benchmark output tok/s at batch {batch}, per round: "
-               + ", ".join(f"{m.batch_size * m.output_len / s:.1f} vs {v:.1f}" for s, v in zip(m.round_s, vllm_tok_s))
-               + f"; worst ratio {worst:.3f}, allowed 1 +- {perf.FIDELITY_TOLERANCE:g}")
-    agrees = abs(worst - 1) <= perf.FIDELITY_TOLERANCE
-    lengths = perf.check_lengths(m, perf_spec)
-    perf_report.add_case(request.node.nodeid, figures, "pass" if agrees and lengths.passed else "fail",
-                         message if lengths.passed else f"{lengths.message}; {message}")
-    assert lengths.passed, lengths.message
+    command = perf.bench_command(checkpoint, card, platform.name, batch, perf_spec)
+    env = {**os.environ, **card.env(platform.name), **NO_TELEMETRY}
+    suite, bench = [], []
+    for _ in range(settings["alternations"]):
+        rounds = perf.Rounds(target, batch, perf_spec.input_len, perf_spec.output_len, None)
+        suite.append(perf.time_rounds(rounds, perf_spec.rounds, perf_spec.warmup_rounds, versions).output_tok_s)
+        bench.append(perf.run_bench(command, env, pytestconfig.getoption("boot_timeout")))
+    ratios = [s / b for s, b in zip(suite, bench)]
+    ratio = statistics.median(ratios)
+    agrees = abs(ratio - 1) <= settings["tolerance"]
+    message = (f"suite vs `vllm bench throughput` output tok/s at batch {batch}, alternating: "
+               + ", ".join(f"{s:.1f} vs {b:.1f}" for s, b in zip(suite, bench))
+               + f"; median ratio {ratio:.3f}, allowed 1 +- {settings['tolerance']:g}")
+    perf_report.add_case(request.node.nodeid, {
+        "card": card.base_name, "mode": perf.engine_mode(card, platform.name), "batch_size": batch,
+        "suite_output_tok_s": suite, "vllm_bench_output_tok_s": bench, "ratios": ratios, "median_ratio": ratio,
+        "tolerance": settings["tolerance"], "bench_command": command}, "pass" if agrees else "fail", message)
     assert agrees, message
-
-
-@pytest.mark.perf
-@pytest.mark.xdist_group("perf")
-def test_slowed_engine_fails_floor(perf_spec: PerfSpec, card: Card, platform: Platform, target: VllmRunner,
-                                   timed: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With a sleep injected into every step of the real engine, the floor check
-    fails, saying by how much; the engine is restored afterwards."""
-    batch = min(perf_spec.batch_sizes)
-    floor = perf.floor_for(perf_spec, batch)
-    if floor is None:
-        pytest.skip(f"{card.name} has no {platform.name} floor at batch {batch}: nothing to fail")
-    engine = target.llm.llm_engine
-    step = engine.step
-    delay = perf.slowdown_delay_s(floor, batch)
-
-    def slowed_step() -> Any:
-        time.sleep(delay)
-        return step()
-
-    timed.group = f"{card.name} (slowed)"
-    with monkeypatch.context() as patch:
-        patch.setattr(engine, "step", slowed_step)
-        m = perf.measure(timed, target, batch, perf_spec.input_len, perf_spec.output_len, rounds=1, warmup_rounds=0)
-    assert "step" not in vars(engine), "the engine's step was not restored"
-    timed.extra_info.update({"card": card.name, "delay_per_step_s": delay, **m.figures()})
-
-    check = perf.check_floor(m.output_tok_s, floor)
-    assert not check.passed, f"a {delay * 1e3:.0f} ms sleep per step went unnoticed: {check.message}"
-    assert re.fullmatch(r"output tok/s [\d.]+ below floor [\d.]+ \(.+\)", check.message), check.message
 
 
 # --- unit tests of the pure parts --------------------------------------------------
 
 
 def _spec(**kw: Any) -> PerfSpec:
-    return PerfSpec(**{"batch_sizes": (1, 4), "input_len": 8, "output_len": 4, "rounds": 3, "warmup_rounds": 1, **kw})
+    return PerfSpec(**{"batch_sizes": (1, 4), "input_len": 8, "output_len": 4, "rounds": 3, "warmup_rounds": 1,
+                       "slack": 0.1, "noise_k": 2.0, "detect_slowdown": 1.25, **kw})
+
+
+KEY = baselines.Key(platform="cpu", device="X [avx2]", mode="eager", batch_size=1, input_len=8, output_len=4)
+
+
+def _entry(tok_s: list[float], normalized: list[float] | None = None, calibration: list[float] | None = None,
+           versions: dict[str, str] | None = None, at: str = "2026-12-03T00:00:00+00:00") -> baselines.Entry:
+    runs = tuple(baselines.Run(recorded_at=at, rounds=20, tok_s=t, normalized=(normalized or [None] * len(tok_s))[i],
+                               calibration_tok_s=(calibration or [None] * len(tok_s))[i]) for i, t in enumerate(tok_s))
+    return baselines.Entry(key=KEY, versions=versions or {"vllm": "1"}, source="test", runs=runs)
+
+
+def _measured(round_s: list[float], calibration_s: list[float] | None = None) -> perf.Measurement:
+    # batch 1 x 4 tokens per round; the calibration makes 4 tokens per run.
+    return perf.Measurement.of(1, 8, 4, round_s, [], calibration_s or (), 4 if calibration_s else 0, {"vllm": "1"})
 
 
 @pytest.mark.unit
-def test_floor_absolute_and_baseline():
-    assert perf.floor_for(_spec(floor_tok_s={1: 10.0}), 1) == perf.Floor(10.0)
-    assert perf.floor_for(_spec(baseline_tok_s={4: 100.0}, slack=0.97), 4) == perf.Floor(97.0, 100.0, 0.97)
-    # Both given: the stricter gates.
-    both = _spec(floor_tok_s={1: 50.0}, baseline_tok_s={1: 100.0}, slack=0.97)
-    assert perf.floor_for(both, 1).tok_s == 97.0
-    assert perf.floor_for(_spec(floor_tok_s={1: 10.0}), 4) is None
-    assert perf.floor_for(_spec(), 1) is None
+def test_baseline_median_and_noise():
+    e = _entry([100.0, 104.0, 96.0, 98.0, 102.0])
+    assert e.tok_s == 100.0
+    assert e.noise("tok_s") == pytest.approx(0.04)  # (104 - 96) / 2 / 100
+    assert _entry([100.0, 90.0]).noise("tok_s") is None  # too few runs to say
+    assert perf.tolerance(_spec(), 0.04) == pytest.approx(0.1)  # slack wins
+    assert perf.tolerance(_spec(), 0.06) == pytest.approx(0.12)  # 2 x noise wins
+    assert perf.tolerance(_spec(), None) == 0.1
 
 
 @pytest.mark.unit
-def test_check_floor_messages():
-    gate = perf.Floor(97.0, 100.0, 0.97)
-    below = perf.check_floor(50.04, gate)
-    assert not below.passed
-    assert below.message == "output tok/s 50.0 below floor 97.0 (= 0.97 x baseline 100.0)"
-    assert perf.check_floor(97.0, gate).passed
-    assert perf.check_floor(12.0, perf.Floor(10.0)).message == "output tok/s 12.0 meets floor 10.0 (absolute, no baseline)"
+def test_gate_absolute_only():
+    entry = _entry([100.0, 100.0, 100.0])
+    ok = perf.judge(_measured([0.04] * 3), entry, _spec(), "hint")  # 100 tok/s
+    assert ok.verdict == "pass" and ok.deciding == "absolute"
+    assert ok.message.startswith("output tok/s 100.0 >= floor 90.0 = baseline 100.0 x (1 - 10.0%")
+    slow = perf.judge(_measured([0.05] * 3), entry, _spec(), "hint")  # 80 tok/s: a 1.25x slowdown
+    assert slow.verdict == "fail" and not slow.figures["gate"]["absolute"]["passed"]
+    assert slow.figures["gate"]["absolute"]["ratio"] == pytest.approx(0.8)
+    none = perf.judge(_measured([0.05] * 3), None, _spec(), "record it so")
+    assert none.verdict == "measured" and none.passed and "record it so" in none.message
 
 
 @pytest.mark.unit
-def test_slowdown_caps_tok_s_below_floor():
-    gate = perf.Floor(40.0)
-    for batch in (1, 4, 16):
-        delay = perf.slowdown_delay_s(gate, batch)
-        # A step yields at most `batch` tokens, so tok/s <= batch / delay.
-        assert batch / delay == pytest.approx(gate.tok_s / perf.SLOWDOWN)
+def test_gate_normalized_decides_when_the_host_is_slower():
+    # Recorded: 100 tok/s while the calibration made 50 tok/s (normalized 2.0).
+    entry = _entry([100.0] * 3, [2.0] * 3, [50.0] * 3)
+    # The whole host at half speed: both halve, the ratio holds.
+    loaded = perf.judge(_measured([0.08] * 3, [0.16] * 3), entry, _spec(), "")
+    assert loaded.verdict == "pass", loaded.message
+    assert not loaded.figures["gate"]["absolute"]["passed"] and loaded.figures["gate"]["host"]["slower"]
+    assert "the normalized ratio decides" in loaded.message
+    # The engine alone 1.25x slower: the ratio drops 20%.
+    slowed = perf.judge(_measured([0.05] * 3, [0.08] * 3), entry, _spec(), "")
+    assert slowed.verdict == "fail" and slowed.deciding == "normalized"
+    assert not slowed.figures["gate"]["normalized"]["passed"]
+    # The absolute figure short while the calibration ran at speed: not the host's fault.
+    short = perf.judge(_measured([0.05] * 3, [0.1] * 3), _entry([100.0] * 3, [1.6] * 3, [40.0] * 3), _spec(), "")
+    assert short.figures["gate"]["normalized"]["passed"] and not short.figures["gate"]["absolute"]["passed"]
+    assert short.verdict == "fail" and "is not the host's" in short.message
+
+
+@pytest.mark.unit
+def test_gate_refuses_a_baseline_too_noisy_to_catch_the_slowdown():
+    noisy = _entry([100.0, 80.0, 120.0])  # +-20%: tolerance 40%
+    gate = perf.judge(_measured([0.04] * 3), noisy, _spec(), "")
+    assert gate.verdict == "fail" and "too noisy to gate" in gate.message
+    assert gate.figures["gate"]["detectable_slowdown"] == pytest.approx(1 / 0.6)
+
+
+@pytest.mark.unit
+def test_gate_names_other_versions():
+    gate = perf.judge(_measured([0.04] * 3), _entry([100.0] * 3, versions={"vllm": "0"}), _spec(), "")
+    assert gate.verdict == "pass" and "baseline recorded with {'vllm': '0'}, this run {'vllm': '1'}" in gate.message
+
+
+@pytest.mark.unit
+def test_record_and_find(tmp_path: Path):
+    run = _measured([0.04] * 3, [0.08] * 3).as_run()
+    assert run.tok_s == 100.0 and run.normalized == pytest.approx(2.0) and run.calibration_tok_s == 50.0
+    for _ in range(12):
+        baselines.record("c", KEY, {"vllm": "1"}, run, tmp_path)
+    baselines.record("c", KEY, {"vllm": "2"}, run.model_copy(update={"recorded_at": "2027"}), tmp_path)
+    loaded = baselines.load("c", tmp_path)
+    assert [len(e.runs) for e in loaded.entries] == [baselines.settings()["baselines"]["keep"], 1]
+    assert baselines.find(loaded, KEY, {"vllm": "1"}).versions == {"vllm": "1"}
+    # Versions never recorded: the newest entry for the key.
+    assert baselines.find(loaded, KEY, {"vllm": "3"}).versions == {"vllm": "2"}
+    assert baselines.find(loaded, KEY.model_copy(update={"batch_size": 4}), {"vllm": "1"}) is None
+    assert baselines.load("absent", tmp_path).entries == ()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("text, field", [
+    ('{"format": 1, "card": "c", "entries": [{"key": {}}]}', "entries[0].key.platform"),
+    ('{"format": 1, "card": "c", "extra": 1}', "extra"),
+    ('{"format": 1, "card": "other"}', "card"),
+    ('{"format": 1,', "<json>"),
+])
+def test_malformed_baseline_names_file_and_field(tmp_path: Path, text: str, field: str):
+    from npu_conformance.cards import CardError
+
+    (tmp_path / "c.json").write_text(text)
+    with pytest.raises(CardError, match=f"perf baseline {tmp_path / 'c.json'}: field '{re.escape(field)}'"):
+        baselines.load("c", tmp_path)
+
+
+@pytest.mark.unit
+def test_shipped_baselines_are_valid():
+    from npu_conformance.cards import load_catalog
+
+    catalog = load_catalog()
+    for file in baselines.BASELINES_DIR.glob("*.json"):
+        assert file.stem in catalog, f"{file}: no card {file.stem!r}"
+        loaded = baselines.load(file.stem)
+        for entry in loaded.entries:
+            spec = catalog[file.stem].platform(entry.key.platform).perf
+            assert spec and entry.key.batch_size in spec.batch_sizes, f"{file}: {entry.key} is no perf case of the card"
+
+
+@pytest.mark.unit
+def test_step_delay_and_its_size():
+    calls = []
+    wrapped = perf.StepDelay(lambda: calls.append(1) or "out")
+    assert wrapped() == "out" and wrapped.calls == 1 and calls == [1]
+    # 32 steps in a 0.1 s round: 0.78 ms each makes it 1.25x.
+    assert perf.delay_for(1.25, 0.1, 32) == pytest.approx(0.025 / 32)
+    assert perf.delay_for(1.0, 0.1, 32) == 0.0
+
+
+@pytest.mark.unit
+def test_bench_output_parsed():
+    text = "...\nThroughput: 35.48 requests/s, 3419.47 total tokens/s, 1135.24 output tokens/s\nTotal num ..."
+    assert perf.bench_output_tok_s(text) == 1135.24
+    with pytest.raises(ValueError, match="no 'Throughput"):
+        perf.bench_output_tok_s("Traceback ...")
+
+
+@pytest.mark.unit
+def test_bench_command_carries_the_cards_lengths_and_engine():
+    from npu_conformance.cards import load_catalog
+
+    card = load_catalog()["synthetic-llama"]
+    spec = card.platform("cpu").perf
+    cmd = perf.bench_command(Path("/ck"), card, "cpu", 4, spec)
+    assert cmd[1:3] == ["-m", perf.BENCH_MODULE]
+    text = " ".join(cmd)
+    for part in (f"--random-input-len {spec.input_len}", f"--random-output-len {spec.output_len}",
+                 f"--num-prompts {4 * spec.rounds}", "--max-num-seqs 4", "--enforce-eager", "--max-model-len 512"):
+        assert part in text
 
 
 @pytest.mark.unit
@@ -236,22 +413,50 @@ def test_measurement_figures():
         metrics = NS(first_token_latency=ttft, first_token_ts=first, last_token_ts=first + 0.3, num_generation_tokens=4)
         return NS(prompt_token_ids=[0] * 8, outputs=[NS(token_ids=[1] * 4)], metrics=metrics)
 
-    m = perf.Measurement.of(2, 8, 4, [2.0, 1.0, 4.0], [[out(0, 0.05), out(0, 0.07)]])
-    assert m.output_tok_s == 8.0 and m.total_tok_s == 24.0  # fastest round: 1 s
-    assert m.output_tok_s_median == 4.0
+    m = perf.Measurement.of(2, 8, 4, [2.0, 1.0, 4.0], [[out(0, 0.05), out(0, 0.07)]], [1.0, 1.0, 2.0], 4)
+    assert m.output_tok_s == 4.0 and m.total_tok_s == 12.0  # median round: 2 s
+    assert m.output_tok_s_best == 8.0
+    assert m.calibration_tok_s == 4.0
+    assert m.normalized == pytest.approx(1.0)  # per round: 4/4, 8/4, 2/2
     assert m.lengths == {(8, 4)}
     f = m.figures()
     assert f["ttft_ms_median"] == pytest.approx(60.0) and f["tpot_ms_median"] == pytest.approx(100.0)
     no_stats = perf.Measurement.of(1, 8, 4, [1.0], [[NS(prompt_token_ids=[0] * 8, outputs=[NS(token_ids=[1] * 4)],
                                                         metrics=None)]])
-    assert no_stats.figures()["ttft_ms_median"] is None
+    assert no_stats.figures()["ttft_ms_median"] is None and no_stats.normalized is None
     assert no_stats.figures()["latency_source"].startswith("unavailable")
+    assert perf.spread([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(0.5)
+
+
+class _StubRunner:
+    """Just what Rounds uses of a VllmRunner: outputs of the requested lengths."""
+
+    vocab_size = 100
+
+    def __init__(self) -> None:
+        self.calls: list[list[list[int]]] = []
+
+    def generate(self, prompts: list[list[int]], params: Any) -> list[Any]:
+        from types import SimpleNamespace as NS
+
+        self.calls.append(prompts)
+        return [NS(prompt_token_ids=p, outputs=[NS(token_ids=[0] * params.max_tokens)], metrics=None) for p in prompts]
 
 
 @pytest.mark.unit
-def test_fidelity_ratios():
-    m = perf.Measurement.of(2, 8, 4, [1.0, 2.0], [])
-    assert perf.fidelity_ratios(m, [8.0, 4.4]) == pytest.approx([1.0, 4.0 / 4.4])
+def test_time_rounds_discards_warmup_and_pairs_calibration() -> None:
+    from types import SimpleNamespace as NS
+
+    runner = _StubRunner()
+    runs = iter([0.5, 0.5, 1.0, 2.0])
+    calibration = NS(run=lambda: next(runs), tokens=4)
+    m = perf.time_rounds(perf.Rounds(runner, 2, 8, 4, calibration), rounds=3, warmup_rounds=1, versions={})
+    assert len(runner.calls) == 4 and len(m.round_s) == 3
+    assert m.lengths == {(8, 4)}
+    # The warm-up round's calibration is dropped with it.
+    assert m.calibration_s == (0.5, 1.0, 2.0) and m.calibration_tok_s == 4.0
+    # Fresh prompts every round, as in the suite: prefix caching never skips a prefill.
+    assert len({json.dumps(c) for c in runner.calls}) == 4
 
 
 @pytest.mark.unit

@@ -1,0 +1,155 @@
+"""Recorded throughput baselines, one JSON file per card in data/perf_baselines/.
+
+An entry is what one card measured on one device: keyed by platform, device,
+engine mode, batch size and lengths, with the library versions it ran with and
+its recorded runs (each run: the median of its rounds, absolute and normalized
+to the host-speed calibration). The gate (perf.judge) reads the median of the
+runs and their spread, the noise band. `pytest -m perf --perf-record` appends
+one run per case; records from several separate sessions give the noise.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import statistics
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from filelock import FileLock
+from pydantic import BaseModel, ConfigDict, Field
+
+from npu_conformance.cards import CardError, read_json, validated
+from npu_conformance.report import write_json
+
+BASELINES_DIR = Path(__file__).parent / "data" / "perf_baselines"
+SETTINGS_FILE = Path(__file__).parent / "data" / "perf.yaml"
+FORMAT = 1
+Mode = Literal["eager", "graph"]
+
+
+@functools.lru_cache(maxsize=1)
+def settings() -> dict[str, Any]:
+    return yaml.safe_load(SETTINGS_FILE.read_text(encoding="utf-8"))
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Run(_Model):
+    """One recorded run of a case: medians over its rounds."""
+
+    recorded_at: str
+    rounds: Annotated[int, Field(gt=0)]
+    tok_s: Annotated[float, Field(gt=0)]
+    # tok/s over the calibration's tok/s, per round, median; None where no calibration ran.
+    normalized: Annotated[float, Field(gt=0)] | None
+    calibration_tok_s: Annotated[float, Field(gt=0)] | None
+
+
+class Key(_Model):
+    platform: str
+    device: str
+    mode: Mode
+    batch_size: Annotated[int, Field(gt=0)]
+    input_len: Annotated[int, Field(gt=0)]
+    output_len: Annotated[int, Field(gt=0)]
+
+
+class Entry(_Model):
+    key: Key
+    versions: dict[str, str]
+    # Who recorded it: "pytest --perf-record", or a seed report's hand-measured figures.
+    source: str
+    runs: Annotated[tuple[Run, ...], Field(min_length=1)]
+
+    @property
+    def tok_s(self) -> float:
+        return statistics.median(r.tok_s for r in self.runs)
+
+    @property
+    def normalized(self) -> float | None:
+        values = [r.normalized for r in self.runs if r.normalized is not None]
+        return statistics.median(values) if values else None
+
+    @property
+    def calibration_tok_s(self) -> float | None:
+        values = [r.calibration_tok_s for r in self.runs if r.calibration_tok_s is not None]
+        return statistics.median(values) if values else None
+
+    def noise(self, field: Literal["tok_s", "normalized", "calibration_tok_s"]) -> float | None:
+        """Half the spread of the recorded runs relative to their median: each
+        run lay within +- this of it. None with too few runs to say."""
+        values = [v for r in self.runs if (v := getattr(r, field)) is not None]
+        if len(values) < settings()["baselines"]["min_runs_for_noise"]:
+            return None
+        return (max(values) - min(values)) / 2 / statistics.median(values)
+
+    def summary(self) -> dict[str, Any]:
+        """The figures the gate used, for the report."""
+        return {"tok_s": self.tok_s, "tok_s_noise": self.noise("tok_s"), "normalized": self.normalized,
+                "normalized_noise": self.noise("normalized"), "calibration_tok_s": self.calibration_tok_s,
+                "calibration_noise": self.noise("calibration_tok_s"), "runs": len(self.runs),
+                "versions": self.versions, "source": self.source,
+                "recorded": [self.runs[0].recorded_at, self.runs[-1].recorded_at]}
+
+
+class BaselineFile(_Model):
+    format: Literal[1]
+    card: str
+    entries: tuple[Entry, ...] = ()
+
+
+def path_for(card: str, directory: Path = BASELINES_DIR) -> Path:
+    return directory / f"{card}.json"
+
+
+def load(card: str, directory: Path = BASELINES_DIR) -> BaselineFile:
+    """The card's baselines (none recorded: an empty file's worth); a malformed
+    file is a CardError naming it and the field."""
+    file = path_for(card, directory)
+    if not file.exists():
+        return BaselineFile(format=FORMAT, card=card)
+    loaded = validated(BaselineFile, read_json(file, "perf baseline"), file, "perf baseline")
+    if loaded.card != card:
+        raise CardError(file, "card", f"must be {card!r} (the file's name), got {loaded.card!r}", "perf baseline")
+    return loaded
+
+
+def versions_of(all_versions: dict[str, str]) -> dict[str, str]:
+    """The versions a baseline is keyed by, of those the platform reports."""
+    return {name: v for name in settings()["baselines"]["versions"] if (v := all_versions.get(name))}
+
+
+def find(baselines: BaselineFile, key: Key, versions: dict[str, str]) -> Entry | None:
+    """The entry for `key` recorded with these versions, else the one recorded
+    most recently with others (an upgrade is gated against what ran before)."""
+    matching = [e for e in baselines.entries if e.key == key]
+    exact = [e for e in matching if e.versions == versions]
+    return (exact or sorted(matching, key=lambda e: e.runs[-1].recorded_at))[-1] if matching else None
+
+
+def record(card: str, key: Key, versions: dict[str, str], run: Run, directory: Path = BASELINES_DIR) -> Path:
+    """Append `run` to the card's entry for `key` and these versions (a new entry
+    for new versions), keeping the newest runs; written atomically under a lock."""
+    file = path_for(card, directory)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    keep = settings()["baselines"]["keep"]
+    with FileLock(str(file) + ".lock"):
+        current = load(card, directory)
+        entries = list(current.entries)
+        index = next((i for i, e in enumerate(entries) if e.key == key and e.versions == versions), None)
+        if index is None:
+            entries.append(Entry(key=key, versions=versions, source="pytest -m perf --perf-record", runs=(run,)))
+        else:
+            old = entries[index]
+            entries[index] = old.model_copy(update={"runs": (*old.runs, run)[-keep:]})
+        entries.sort(key=lambda e: (e.key.platform, e.key.device, e.key.mode, e.key.batch_size))
+        write_json(file, BaselineFile(format=FORMAT, card=card, entries=tuple(entries)).model_dump(mode="json"))
+    return file
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
