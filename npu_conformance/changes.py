@@ -12,6 +12,8 @@ selects:
 - `<catalog>/<card>.yaml`: that card (its weights and revision are in it too);
 - `<catalog>/_<name>.yaml` (`_defaults.yaml`): every card, merged over it;
 - `<prompts>/<set>.yaml`: the cards whose `prompts:` names that set;
+- `npu_conformance/data/perf_baselines/<card>.json`: that card (its recorded perf
+  baselines: a refresh is gated like any change);
 - `patches/<patch>.py`: the cards whose `patch:` is `<patch>` (fp8_block, gptq);
 - any other file in `patches/`: every card: vLLM runs those hooks in every
   engine, around every model's quantization check and weight stream;
@@ -38,7 +40,8 @@ from npu_conformance.merge import deep_merge
 # The suite's own layout, relative to the repository root. Card data that the
 # rules for the run's catalog and prompt sets did not claim selects no card (a
 # card of the shipped catalog while --catalog names another, a deleted card).
-CARD_DATA = ("npu_conformance/catalog/", "npu_conformance/prompts/")
+CARD_DATA = ("npu_conformance/catalog/", "npu_conformance/prompts/", "npu_conformance/data/perf_baselines/")
+BASELINES = "npu_conformance/data/perf_baselines/"
 PATCHES = "patches/"
 # How every card is run and judged; the NPU workflow too, which runs them.
 MACHINERY_DIRS = ("npu_conformance/", "fixtures/", "reports/", "tests/")
@@ -190,6 +193,8 @@ def select(changed: Sequence[str], cards: Mapping[str, CardInputs], catalog: str
                 add([file.stem], path, "its card")
         elif folder == prompts and file.suffix == ".yaml":
             add([c.name for c in cards.values() if c.prompt_set == file.stem], path, f"its prompt set {file.stem}")
+        elif folder == BASELINES and file.suffix == ".json" and file.stem in cards:
+            add([file.stem], path, "its perf baseline")
         elif path.startswith(CARD_DATA):
             continue
         elif path.startswith(PATCHES):

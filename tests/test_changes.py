@@ -98,6 +98,14 @@ def test_a_card_edit_selects_that_card(repo: Path) -> None:
     assert selection(repo) == {"plain": (Reason(path, "its card"),)}
 
 
+def test_a_perf_baseline_selects_its_card(repo: Path) -> None:
+    path = "npu_conformance/data/perf_baselines/plain.json"
+    commit(repo, {path: "{}\n", "npu_conformance/data/perf_baselines/gone.json": "{}\n"})
+    result = changed_cards("main", repo / "npu_conformance/catalog", repo / "npu_conformance/prompts")
+    assert result.reasons == {"plain": (Reason(path, "its perf baseline"),)}
+    assert result.unmatched == ["npu_conformance/data/perf_baselines/gone.json"]
+
+
 def test_a_prompt_set_edit_selects_the_cards_that_use_it(repo: Path) -> None:
     default, long = "npu_conformance/prompts/default.yaml", "npu_conformance/prompts/long.yaml"
     commit(repo, {default: "prompts:\n  - {id: a, text: hello there}\n"})
