@@ -27,7 +27,7 @@ LAYERS = [
     ["synthetic", "quantize", "weights"],
     ["engines", "golden"],
     ["compare"],
-    ["perf", "baselines", "serving", "report", "conditions"],
+    ["perf", "bench", "baselines", "serving", "report", "conditions"],
     ["reports", "plugin", "cli", "changes"],
     ["fixtures"],
 ]
