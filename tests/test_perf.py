@@ -106,6 +106,10 @@ def timed(benchmark: Any) -> Any:
     return benchmark
 
 
+# Untimed rounds that measure the share of a round spent in the engine's steps.
+STEP_SHARE_ROUNDS = 3
+
+
 def _record_hint(card: Card) -> str:
     return f"record one with `pytest -m perf --model {card.base_name} --perf-record`, run at least 3 times"
 
@@ -152,9 +156,9 @@ def test_gate_under_injected_slowdown(perf_spec: PerfSpec, card: Card, platform:
                                       clean_runs: dict[tuple[str, int], perf.Measurement],
                                       slowdown_case: tuple[str, str], timed: Any, request: pytest.FixtureRequest,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """A busy wait in every engine step, sized from this session's measured step time
-    so rounds take `detect_slowdown` times as long (1.25x), fails the gate; the
-    control, the same wrapper waiting 0, passes. Both against the baseline the
+    """A busy wait after every engine step, proportional to the step's own time
+    and sized so rounds take `detect_slowdown` times as long (1.25x), fails the
+    gate; the control, the same wrapper waiting 0, passes. Both against the baseline the
     clean case used (this session's clean run where the device has none recorded)."""
     batch = min(perf_spec.batch_sizes)
     slowed = slowdown_case[1] == "slowed"
@@ -170,17 +174,22 @@ def test_gate_under_injected_slowdown(perf_spec: PerfSpec, card: Card, platform:
     delay = perf.StepDelay(engine.step)
     with monkeypatch.context() as patch:
         patch.setattr(engine, "step", delay)
-        target.generate(perf.fresh_prompts(target.vocab_size, batch, perf_spec.input_len),
-                        perf.exact_length_params(perf_spec.output_len))
-        steps = delay.calls
-        delay.delay_s = perf.delay_for(factor, statistics.median(clean.round_s), steps)
+        # Untimed rounds: how much of a round the engine's steps take.
+        start = time.perf_counter()
+        for _ in range(STEP_SHARE_ROUNDS):
+            target.generate(perf.fresh_prompts(target.vocab_size, batch, perf_spec.input_len),
+                            perf.exact_length_params(perf_spec.output_len))
+        round_s, steps = time.perf_counter() - start, delay.calls // STEP_SHARE_ROUNDS
+        share = delay.step_s / round_s
+        delay.stretch = perf.stretch_for(factor, round_s, delay.step_s)
         timed.group = f"{card.name} (injected slowdown)"
         m = perf.measure(timed, perf.Rounds(target, batch, perf_spec.input_len, perf_spec.output_len, calibration),
                          perf_spec.rounds, perf_spec.warmup_rounds, versions)
     assert "step" not in vars(engine), "the engine's step was not restored"
     gate = perf.judge(m, entry, perf_spec, _record_hint(card))
     figures = {**perf.case_figures(card, platform, m, gate, perf_model), "calibration": calibration.describe(),
-               "injected": {"factor": factor, "delay_per_step_s": delay.delay_s, "steps_per_round": steps,
+               "injected": {"factor": factor, "stretch_per_step": delay.stretch, "steps_per_round": steps,
+                            "step_share_of_round": share,
                             "achieved_slowdown": clean.output_tok_s / m.output_tok_s},
                "expected_verdict": "fail" if slowed else "pass"}
     timed.extra_info.update(figures)
@@ -188,7 +197,7 @@ def test_gate_under_injected_slowdown(perf_spec: PerfSpec, card: Card, platform:
     perf_report.add_case(request.node.nodeid, figures, gate.verdict, gate.message)
     if slowed:
         assert gate.verdict == "fail" and not deciding["passed"], (
-            f"a {factor:g}x slowdown ({delay.delay_s * 1e3:.2f} ms in each of {steps} steps per round) "
+            f"a {factor:g}x slowdown (each of {steps} steps per round stretched by {delay.stretch:.2f}x its time) "
             f"passed the gate: {gate.message}")
     else:
         assert gate.verdict == "pass", f"the control (no delay) failed the gate: {gate.message}"
@@ -372,16 +381,16 @@ def test_shipped_baselines_are_valid():
 
 @pytest.mark.unit
 def test_step_delay_and_its_size():
-    calls = []
-    wrapped = perf.StepDelay(lambda: calls.append(1) or "out")
-    assert wrapped() == "out" and wrapped.calls == 1 and calls == [1]
-    wrapped.delay_s = 0.002
+    wrapped = perf.StepDelay(lambda: time.sleep(0.004) or "out")
+    assert wrapped() == "out" and wrapped.calls == 1 and 0.004 <= wrapped.step_s < 0.05
+    wrapped.stretch = 0.5
     start = time.perf_counter()
     wrapped()
-    assert 0.002 <= time.perf_counter() - start < 0.05
-    # 32 steps in a 0.1 s round: 0.78 ms each makes it 1.25x.
-    assert perf.delay_for(1.25, 0.1, 32) == pytest.approx(0.025 / 32)
-    assert perf.delay_for(1.0, 0.1, 32) == 0.0
+    # The step's own time, then half as long again.
+    assert 0.006 <= time.perf_counter() - start < 0.1
+    # A 0.1 s round that spent 0.08 s in its steps: each step 1.3125x makes the round 1.25x.
+    assert perf.stretch_for(1.25, 0.1, 0.08) == pytest.approx(0.3125)
+    assert perf.stretch_for(1.0, 0.1, 0.08) == 0.0
 
 
 @pytest.mark.unit
