@@ -78,7 +78,8 @@ def card_baselines(pytestconfig: pytest.Config) -> Callable[[str], baselines.Bas
 
 @pytest.fixture(scope="session")
 def clean_runs() -> dict[tuple[str, int], perf.Measurement]:
-    """This session's clean measurements, by (card, batch size): the step time the slowdown is sized from."""
+    """This session's clean measurements, by (card, batch size): the injected slowdown's
+    baseline where none is recorded, and what its achieved slowdown is reported against."""
     return {}
 
 
