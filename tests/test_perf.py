@@ -381,6 +381,28 @@ def test_shipped_baselines_are_valid():
 
 
 @pytest.mark.unit
+def test_a_host_reads_only_its_own_devices_baselines():
+    from npu_conformance.cards import load_catalog
+    from npu_conformance.platform import Platform
+
+    npu = Platform(name="npu", device_name="Ascend910B4", host="Linux aarch64", versions={}, device_count=8)
+    assert npu.perf_device == "Ascend910B4"
+    avx512 = Platform(name="cpu", device_name="Intel(R) Xeon(R) Processor", host="Linux x86_64", versions={},
+                      cpu_flags=("avx2", "avx512f"))
+    amx = Platform(name="cpu", device_name="Intel(R) Xeon(R) Processor", host="Linux x86_64", versions={},
+                   cpu_flags=("avx2", "avx512f", "amx_tile"))
+    assert avx512.perf_device == "Intel(R) Xeon(R) Processor [avx2 avx512f]" != amx.perf_device
+    card = load_catalog()["synthetic-llama"]
+    spec = card.platform("cpu").perf
+    shipped = baselines.load(card.name)
+    # The shipped CPU baselines were recorded on an AVX-512 host without AMX: an AMX
+    # (or AVX2-only) host finds none, and its cases are measured, not gated.
+    assert baselines.find(shipped, perf.baseline_key(card, avx512, spec, 1), {}) is not None
+    assert baselines.find(shipped, perf.baseline_key(card, amx, spec, 1), {}) is None
+    assert perf.judge(_measured([0.04] * 3), None, spec, "hint").verdict == "measured"
+
+
+@pytest.mark.unit
 def test_step_delay_and_its_size():
     wrapped = perf.StepDelay(lambda: time.sleep(0.004) or "out")
     assert wrapped() == "out" and wrapped.calls == 1 and 0.004 <= wrapped.step_s < 0.05
