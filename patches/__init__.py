@@ -15,7 +15,8 @@ tensors into them, in the model's dtype.
 NPU_CONFORMANCE_DEQUANT selects when: `auto` (default) where vLLM here has no
 kernel for the checkpoint in the model's dtype (the platform refuses the method,
 the method does not take that activation dtype, no kernel can implement the
-layer, or the selected kernel's custom ops are not in the build); `on` always;
+layer, or, for GPTQ, whose kernels vLLM selects without checking their ops, one
+layer run through the selected kernel calls an op the build lacks); `on` always;
 `off` never. A patch that acts logs one warning line.
 """
 

@@ -12,7 +12,6 @@ decision travels inside the model config to the engine and worker processes.
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 import re
 from types import ModuleType
@@ -23,13 +22,12 @@ from npu_conformance.patches.loader import patch_for
 
 ENV = "NPU_CONFORMANCE_DEQUANT"
 MODES = ("auto", "on", "off")
-# `ops.<fn>(` calls in a kernel's source, and `torch.ops.<ns>.<op>` in the wrapper.
-_OPS_CALL = re.compile(r"\bops\.(\w+)\(")
-_TORCH_OP = re.compile(r"\btorch\.ops\.(\w+)\.(\w+)\b")
+# torch's words when a build does not register a custom op that a kernel calls.
+MISSING_OP = re.compile(r"'_OpNamespace' '(\w+)' object has no attribute '(\w+)'")
 # vLLM's own words when a platform refuses a quantization method. Only this, a
 # dtype the method does not take, a patch's NO_KERNEL words from kernel selection
-# and unregistered custom ops count as "no kernel here"; any other error from
-# these checks is vLLM's to report, so it propagates.
+# and a custom op missing from the build (MISSING_OP) count as "no kernel here";
+# any other error from these checks is vLLM's to report, so it propagates.
 PLATFORM_REFUSES = re.compile(r"quantization is currently not supported")
 # One record per decision in this process (the one that builds the model config:
 # the LLM front end or the API server); see patches.decisions().
@@ -45,30 +43,12 @@ def mode() -> str:
     return value
 
 
-def unregistered_ops(kernel: type) -> list[str]:
-    """Custom ops that `kernel`'s code calls (through vllm._custom_ops) and this
-    build does not register. vLLM selects some kernels without checking: the CPU
-    WNA16 kernel is chosen on builds compiled without its cpu_gemm_wna16 op, and
-    fails only at the first forward."""
-    import torch
-    from vllm import _custom_ops
-
-    missing = []
-    for fn in sorted(set(_OPS_CALL.findall(inspect.getsource(kernel)))):
-        wrapper = getattr(_custom_ops, fn, None)
-        if not inspect.isfunction(wrapper):
-            continue
-        for namespace, op in _TORCH_OP.findall(inspect.getsource(wrapper)):
-            if not hasattr(getattr(torch.ops, namespace), op):
-                missing.append(f"torch.ops.{namespace}.{op}")
-    return sorted(set(missing))
-
-
 def missing_kernel(patch: ModuleType, model_config: Any) -> str | None:
     """Why vLLM could not run this checkpoint's quantized layers here in the
     model's dtype, or None if it can: the platform's quantization check, the
     method's activation dtypes and config validation, kernel selection for a
-    representative layer, and the custom ops the selected kernel calls."""
+    representative layer, and, for a patch whose kernels vLLM selects without
+    checking their ops, one layer run through the selected kernel."""
     from vllm.model_executor.layers.quantization import get_quantization_config
     from vllm.platforms import current_platform
 
@@ -85,14 +65,22 @@ def missing_kernel(patch: ModuleType, model_config: Any) -> str | None:
             raise
         return _one_line(exc)
     try:
-        kernel = patch.select_kernel(config_cls.from_config(quant_cfg), model_config)
+        quant_config = config_cls.from_config(quant_cfg)
+        kernel = patch.select_kernel(quant_config, model_config)
     except ValueError as exc:
         if not patch.NO_KERNEL.search(str(exc)):
             raise
         return _one_line(exc)
-    missing = unregistered_ops(kernel)
-    if missing:
-        return f"{kernel.__name__} needs {', '.join(missing)}, which this vLLM build does not register"
+    run_one_layer = getattr(patch, "run_one_layer", None)
+    if run_one_layer is None:
+        return None
+    try:
+        run_one_layer(kernel, quant_config, model_config)
+    except AttributeError as exc:
+        if not (op := MISSING_OP.search(str(exc))):
+            raise
+        return (f"{kernel.__name__} calls torch.ops.{op[1]}.{op[2]} on this host, "
+                "which this vLLM build does not register")
     return None
 
 

@@ -109,16 +109,12 @@ class Assembler:
                           self.group_size, self.dtype, prefix)
 
 
-def select_kernel(quant_config: Any, model_config: Any) -> type:
-    """The linear kernel vLLM would pick for this checkpoint's layers (raises
-    ValueError, as vLLM does at load, when none can implement them)."""
-    from vllm.model_executor.kernels.linear import MPLinearLayerConfig, choose_mp_linear_kernel
-    from vllm.model_executor.layers.quantization.utils.marlin_utils import verify_marlin_supported
+def _layer_config(quant_config: Any, model_config: Any) -> Any:
+    """The MPLinearLayerConfig AutoGPTQLinearMethod builds, for a square hidden x hidden layer."""
+    from vllm.model_executor.kernels.linear import MPLinearLayerConfig
 
-    # AutoGPTQLinearMethod's own checks, in its order.
-    verify_marlin_supported(quant_type=quant_config.quant_type, group_size=quant_config.group_size)
     hidden = model_config.get_hidden_size()
-    config = MPLinearLayerConfig(
+    return MPLinearLayerConfig(
         full_weight_shape=(hidden, hidden),
         partition_weight_shape=(hidden, hidden),
         weight_type=quant_config.quant_type,
@@ -126,4 +122,43 @@ def select_kernel(quant_config: Any, model_config: Any) -> type:
         group_size=quant_config.group_size,
         zero_points=False,
     )
-    return choose_mp_linear_kernel(config)
+
+
+def select_kernel(quant_config: Any, model_config: Any) -> type:
+    """The linear kernel vLLM would pick for this checkpoint's layers (raises
+    ValueError, as vLLM does at load, when none can implement them)."""
+    from vllm.model_executor.kernels.linear import choose_mp_linear_kernel
+    from vllm.model_executor.layers.quantization.utils.marlin_utils import verify_marlin_supported
+
+    # AutoGPTQLinearMethod's own checks, in its order.
+    verify_marlin_supported(quant_type=quant_config.quant_type, group_size=quant_config.group_size)
+    return choose_mp_linear_kernel(_layer_config(quant_config, model_config))
+
+
+def run_one_layer(kernel: type, quant_config: Any, model_config: Any) -> None:
+    """Drive one all-zero hidden x hidden layer through `kernel` as vLLM does:
+    process_weights_after_loading, then one forward of one token. vLLM selects
+    its mixed-precision kernels without asking whether the build has their
+    custom ops, and the CPU kernel picks its ops only inside these two calls (by
+    ISA and the W4A8 setting), so running them is how to learn whether this host
+    can; a missing op raises vLLM's own AttributeError here, as it would at the
+    engine's first forward."""
+    hidden = model_config.get_hidden_size()
+    pack = quant_config.pack_factor
+    groups = 1 if quant_config.group_size == -1 else hidden // quant_config.group_size
+    layer = torch.nn.Module()
+    # AutoGPTQLinearMethod.create_weights' tensors and their layout attributes.
+    for name, data, dims in (
+        ("qweight", torch.zeros(hidden // pack, hidden, dtype=torch.int32), {"input_dim": 0, "output_dim": 1, "packed_dim": 0}),
+        ("scales", torch.ones(groups, hidden, dtype=model_config.dtype), {"input_dim": 0, "output_dim": 1}),
+        ("qzeros", torch.zeros(groups, hidden // pack, dtype=torch.int32), {"input_dim": 0, "output_dim": 1, "packed_dim": 1}),
+    ):
+        parameter = torch.nn.Parameter(data, requires_grad=False)
+        for attribute, value in dims.items():
+            setattr(parameter, attribute, value)
+        layer.register_parameter(name, parameter)
+    layer.register_parameter("bias", None)
+    instance = kernel(_layer_config(quant_config, model_config), w_q_param_name="qweight",
+                      w_s_param_name="scales", w_zp_param_name="qzeros")
+    instance.process_weights_after_loading(layer)
+    instance.apply_weights(layer, torch.zeros(1, hidden, dtype=model_config.dtype))

@@ -5,8 +5,10 @@ Each checkpoint is a random-init transformers model (shapes as the synthetic
 recipes: hidden 256, head_dim 64) quantized by npu_conformance/quantize.py, with its
 fake-quantized float32 twin as the reference. Per format, two engine boots:
 - forced off, vLLM fails the way the patches' probe predicts for this platform
-  (on this CPU build: no ScaledMM kernel for FP8 at load, no cpu_gemm_wna16 op for
-  GPTQ at the first forward); skipped where vLLM has the kernels;
+  (on CPU without AMX: no ScaledMM kernel for FP8 at load); skipped where vLLM has
+  the kernels (GPTQ on any AVX-512 build). vLLM's AVX2 build, which AVX2-only
+  hosts load, has no cpu_gemm_wna16 op for GPTQ: a fresh process that loads it
+  checks that host's verdict on any x86 host;
 - patched, the engine loads (one warning line, one load record) and its greedy
   tokens and logits match transformers on the reference. (vLLM's CPU linear
   layers repack their weights after loading, so the dense tensors themselves are
@@ -15,7 +17,11 @@ fake-quantized float32 twin as the reference. Per format, two engine boots:
 
 from __future__ import annotations
 
+import json
+import platform
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -151,6 +157,55 @@ def test_unpatched_engine_fails(case: tuple[str, Case, Path, Path], monkeypatch:
         f"expected one of {expected} in vLLM's error, got: {failure.value}")
 
 
+# Loads vLLM's AVX2 build by telling vLLM's ISA check (platforms/cpu.py
+# import_kernels) that this host has no AVX-512, as on an AVX2-only host; then
+# probes, and boots the engine in-process with the patches in the given mode.
+AVX2_BUILD = """
+import json, sys, torch
+torch.cpu._is_avx512_supported = lambda: False
+from npu_conformance import patches
+from npu_conformance.engines.target import VllmRunner
+checkpoint, dtype, mode, engine_args, env = sys.argv[1:4] + [json.loads(a) for a in sys.argv[4:]]
+result = {"probe": patches.probe(checkpoint, dtype), "error": None}
+try:
+    with VllmRunner(checkpoint, dtype=dtype, trust_remote_code=False, engine_args=engine_args,
+                    env={**env, patches.ENV: mode}, boot_timeout_s=600, request_timeout_s=300) as engine:
+        result["tokens"] = engine.greedy([[1, 2, 3, 4]], 2)[0][0]
+        result["path"] = engine.evidence["quantization"]["path"]
+except Exception as exc:
+    result["error"] = f"{type(exc).__name__}: {exc}"
+print("RESULT " + json.dumps(result))
+"""
+
+
+def run_on_avx2_build(checkpoint: Path, dtype: str, mode: str) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-c", AVX2_BUILD, str(checkpoint), dtype, mode, json.dumps(ENGINE),
+                           json.dumps(ENGINE_ENV)], capture_output=True, text=True, timeout=900)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, f"exit {done.returncode}; stderr tail:\n{done.stderr[-3000:]}"
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or not torch.cpu._is_avx2_supported(),
+                    reason="vLLM for CPU ships its AVX2 build for x86 hosts with AVX2")
+@pytest.mark.parametrize("case", ["gptq"], indirect=True)
+@pytest.mark.parametrize("mode", ["off", "auto"])
+def test_avx2_build_lacks_the_gptq_op(case: tuple[str, Case, Path, Path], mode: str) -> None:
+    """vLLM selects its CPU WNA16 kernel on the AVX2 build too, which registers no
+    cpu_gemm_wna16: the probe must say so, the unpatched engine must fail on that
+    op at its first forward, and auto must load the checkpoint dequantized."""
+    if not torch.cpu._is_avx512_supported():
+        pytest.skip("this host loads the AVX2 build itself: test_unpatched_engine_fails covers it")
+    _, spec, quantized, _ = case
+    result = run_on_avx2_build(quantized, spec.dtype, mode)
+    assert result["probe"] == ("CPUWNA16LinearKernel calls torch.ops._C.cpu_gemm_wna16 on this host, "
+                               "which this vLLM build does not register"), result
+    if mode == "off":
+        assert result["error"] is not None and "cpu_gemm_wna16" in result["error"], result
+    else:
+        assert result["error"] is None and result["path"] == "patch" and len(result["tokens"]) == 2, result
+
+
 @pytest.mark.parametrize("mode", ["on", "off"])
 def test_mode_forces_the_path_on_any_host(case: tuple[str, Case, Path, Path], mode: str,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
@@ -201,6 +256,33 @@ def test_only_no_kernel_errors_turn_the_patch_on(case: tuple[str, Case, Path, Pa
     monkeypatch.setattr(patch, "select_kernel", refuse("weight_shape (7, 3) is not a valid shape"))
     with pytest.raises(ValueError, match="not a valid shape"):
         missing_kernel(patch, model_config)
+
+
+@pytest.mark.parametrize("case", ["gptq"], indirect=True)
+def test_only_a_missing_op_in_the_layer_run_turns_the_patch_on(case: tuple[str, Case, Path, Path],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPTQ kernel's one-layer run reports a custom op the build lacks;
+    any other error from it is vLLM's own and must surface."""
+    from vllm.config import ModelConfig
+
+    from npu_conformance.patches import gptq
+    from npu_conformance.patches.config import missing_kernel
+
+    _, spec, quantized, _ = case
+    monkeypatch.setenv(patches.ENV, "off")
+    model_config = ModelConfig(model=str(quantized), dtype=spec.dtype, skip_tokenizer_init=True)
+
+    def fail(error: Exception) -> Any:
+        def run_one_layer(*args: Any) -> None:
+            raise error
+        return run_one_layer
+
+    monkeypatch.setattr(gptq, "run_one_layer", fail(AttributeError("'_OpNamespace' '_C' object has no attribute 'x'")))
+    assert missing_kernel(gptq, model_config).endswith("calls torch.ops._C.x on this host, "
+                                                        "which this vLLM build does not register")
+    monkeypatch.setattr(gptq, "run_one_layer", fail(AttributeError("'Module' object has no attribute 'bias'")))
+    with pytest.raises(AttributeError, match="bias"):
+        missing_kernel(gptq, model_config)
 
 
 def test_patched_engine_matches_reference(case: tuple[str, Case, Path, Path],
