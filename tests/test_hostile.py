@@ -35,7 +35,9 @@ from npu_conformance.weights import PROBE_TIMEOUT_S, hub_answers, resolve
 pytestmark = pytest.mark.robustness
 
 # Long enough for the engine to start its first process, short of a boot here.
-HUNG_BOOT_DEADLINE_S = 20.0
+# 20 s once ran out before the TP=2 card spawned its ranks, late in a long
+# session on this loaded 2-core host ("the engine started no process to freeze").
+HUNG_BOOT_DEADLINE_S = 40.0
 
 
 def usage_error(args: list[str], prompts_dir: Path | None = None) -> str:
