@@ -149,9 +149,11 @@ def run_one_layer(kernel: type, quant_config: Any, model_config: Any) -> None:
     layer = torch.nn.Module()
     # AutoGPTQLinearMethod.create_weights' tensors and their layout attributes.
     for name, data, dims in (
-        ("qweight", torch.zeros(hidden // pack, hidden, dtype=torch.int32), {"input_dim": 0, "output_dim": 1, "packed_dim": 0}),
+        ("qweight", torch.zeros(hidden // pack, hidden, dtype=torch.int32),
+         {"input_dim": 0, "output_dim": 1, "packed_dim": 0}),
         ("scales", torch.ones(groups, hidden, dtype=model_config.dtype), {"input_dim": 0, "output_dim": 1}),
-        ("qzeros", torch.zeros(groups, hidden // pack, dtype=torch.int32), {"input_dim": 0, "output_dim": 1, "packed_dim": 1}),
+        ("qzeros", torch.zeros(groups, hidden // pack, dtype=torch.int32),
+         {"input_dim": 0, "output_dim": 1, "packed_dim": 1}),
     ):
         parameter = torch.nn.Parameter(data, requires_grad=False)
         for attribute, value in dims.items():

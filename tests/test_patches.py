@@ -22,6 +22,7 @@ import platform
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -84,6 +85,13 @@ def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     quantized = write_quantized(root / "base", root / "quantized", spec.spec)
     reference = write_quantized(root / "base", root / "reference", spec.spec, reference=True)
     return name, spec, quantized, reference
+
+
+def raising(error: Exception) -> Callable[..., Any]:
+    """A stand-in for one of the patch's vLLM-facing steps that fails with `error`."""
+    def step(*args: Any) -> Any:
+        raise error
+    return step
 
 
 def runner(checkpoint: Path, dtype: str, mode: str) -> VllmRunner:
@@ -245,15 +253,10 @@ def test_only_no_kernel_errors_turn_the_patch_on(case: tuple[str, Case, Path, Pa
         pytest.skip(f"this platform refuses the method before kernel selection: {exc}")
     patch = patch_for(model_config.model_arch_config.quantization_config)
 
-    def refuse(message: str) -> Any:
-        def select_kernel(*args: Any) -> type:
-            raise ValueError(message)
-        return select_kernel
-
-    monkeypatch.setattr(patch, "select_kernel", refuse("Failed to find a kernel that can implement the layer. "
-                                                       "Reasons: \n no"))
+    monkeypatch.setattr(patch, "select_kernel", raising(ValueError("Failed to find a kernel that can implement "
+                                                                   "the layer. Reasons: \n no")))
     assert missing_kernel(patch, model_config).startswith("Failed to find a kernel")
-    monkeypatch.setattr(patch, "select_kernel", refuse("weight_shape (7, 3) is not a valid shape"))
+    monkeypatch.setattr(patch, "select_kernel", raising(ValueError("weight_shape (7, 3) is not a valid shape")))
     with pytest.raises(ValueError, match="not a valid shape"):
         missing_kernel(patch, model_config)
 
@@ -271,16 +274,11 @@ def test_only_a_missing_op_in_the_layer_run_turns_the_patch_on(case: tuple[str, 
     _, spec, quantized, _ = case
     monkeypatch.setenv(patches.ENV, "off")
     model_config = ModelConfig(model=str(quantized), dtype=spec.dtype, skip_tokenizer_init=True)
-
-    def fail(error: Exception) -> Any:
-        def run_one_layer(*args: Any) -> None:
-            raise error
-        return run_one_layer
-
-    monkeypatch.setattr(gptq, "run_one_layer", fail(AttributeError("'_OpNamespace' '_C' object has no attribute 'x'")))
+    missing_op = AttributeError("'_OpNamespace' '_C' object has no attribute 'x'")
+    monkeypatch.setattr(gptq, "run_one_layer", raising(missing_op))
     assert missing_kernel(gptq, model_config).endswith("calls torch.ops._C.x on this host, "
                                                         "which this vLLM build does not register")
-    monkeypatch.setattr(gptq, "run_one_layer", fail(AttributeError("'Module' object has no attribute 'bias'")))
+    monkeypatch.setattr(gptq, "run_one_layer", raising(AttributeError("'Module' object has no attribute 'bias'")))
     with pytest.raises(AttributeError, match="bias"):
         missing_kernel(gptq, model_config)
 
