@@ -559,22 +559,54 @@ class FaultSpec(_Section):
     min_batch: PositiveInt = 8
 
 
-class ThresholdSpec(_Section):
-    """A card's `thresholds:`, checked here; the comparison gets them as compare.metrics.Thresholds."""
+def _every_dtype(value: Any) -> Any:
+    """A per-dtype table names each dtype a card may run in: a card's dtype must never fall through."""
+    if isinstance(value, Mapping) and (missing := [d for d in get_args(Dtype) if d not in value]):
+        raise _Problem((), f"needs an entry for every dtype ({', '.join(get_args(Dtype))}); missing {missing}")
+    return value
 
-    logprob_rel_err: PositiveNumber
+
+def _per_dtype(kind: Any) -> Any:
+    return Annotated[dict[Dtype, kind], AfterValidator(_every_dtype)]
+
+
+class NoiseSpec(_Section):
+    """The noise-floor rule (compare.metrics.Thresholds): a figure passes at most
+    `k` (mean-type) or `k_max` (worst position) times the noise-floor reference's,
+    and never has to beat the target dtype's `floor`."""
+
+    k: PositiveNumber
+    k_max: PositiveNumber
+    floor: _per_dtype(PositiveNumber)
+    # How the mean cosine of raw logits is judged in each target dtype.
+    cosine: _per_dtype(Literal["absolute", "noise"])
+
+
+class ThresholdSpec(_Section):
+    """A card's `thresholds:`, checked here; the comparison gets them, resolved for
+    the card's dtype, as compare.metrics.Thresholds."""
+
+    mission_rel_err: PositiveNumber
     cosine: StrictFloat
     tie_margin: Annotated[StrictFloat, Field(ge=0)]
     logprob_top_k: PositiveInt
     logprob_floor: PositiveNumber
-    position_logprob_rel_err: PositiveNumber
-    diagnosis_rel_l2: PositiveNumber
+    noise: NoiseSpec
+    diagnosis_rel_l2: _per_dtype(PositiveNumber)
 
     @model_validator(mode="after")
     def _ranges(self) -> ThresholdSpec:
         if not -1 <= self.cosine <= 1:
             raise _Problem(("cosine",), f"must be in [-1, 1], got {self.cosine}")
         return self
+
+    def resolve(self, dtype: str) -> Thresholds:
+        """The rules for a target running in `dtype`."""
+        return Thresholds(
+            mission_rel_err=self.mission_rel_err, cosine=self.cosine, cosine_rule=self.noise.cosine[dtype],
+            tie_margin=self.tie_margin, logprob_top_k=self.logprob_top_k, logprob_floor=self.logprob_floor,
+            noise_k=self.noise.k, noise_k_max=self.noise.k_max, dtype_floor=self.noise.floor[dtype],
+            diagnosis_rel_l2=self.diagnosis_rel_l2[dtype])
 
 
 # A prompt set's name is a file name in PROMPTS_DIR, never a path: nothing outside that folder is read.
@@ -687,8 +719,20 @@ class Card(_Section):
 
     @field_validator("thresholds", mode="before")
     @classmethod
-    def _thresholds(cls, value: Any) -> Thresholds:
-        return Thresholds(**ThresholdSpec.model_validate(value).model_dump())
+    def _thresholds(cls, value: Any, info: ValidationInfo) -> Thresholds:
+        spec = ThresholdSpec.model_validate(value)
+        if "dtype" not in info.data:
+            raise _Problem((), "are resolved for the card's dtype, which is not valid")
+        return spec.resolve(info.data["dtype"])
+
+    @field_validator("reference_dtype")
+    @classmethod
+    def _golden_in_float32(cls, value: str) -> str:
+        if value != "float32":
+            raise _Problem((), f"must be float32, got {value!r}: the golden reference runs in float32, and a "
+                               "low-precision target is judged against the noise of its own dtype beside it "
+                               "(the target's dtype is the card's `dtype`)")
+        return value
 
     @field_validator("platforms", mode="before")
     @classmethod
@@ -772,6 +816,11 @@ class Card(_Section):
     def run_conditions(self) -> list[str]:
         """The conditions this card runs, in the catalog's order."""
         return [name for name, spec in self.conditions.items() if spec.run]
+
+    @property
+    def noise_dtype(self) -> str | None:
+        """The noise-floor reference's dtype: the target's, where it runs below the golden's fp32."""
+        return self.dtype if self.dtype != self.reference_dtype else None
 
     def fill_tokens(self, platform: str) -> int | None:
         """Prompt tokens a `length: fill` prompt gets on `platform`: the context

@@ -5,20 +5,23 @@ needs ~32 GB and minutes of CPU per run).
 A golden reference is a directory `<card>/` holding `reference.npz` (per prompt:
 its token ids, the greedy continuation and the logits of every position the
 precision checks compare, float32 as the cache holds them, so figures computed
-from it equal those computed from a fresh reference) and GOLDEN, the manifest
-that says what it was computed from. It is published whole or not at all
+from it equal those computed from a fresh reference; for a target below fp32,
+the noise-floor reference's logits at the same positions too, so an NPU host
+runs no CPU pass in the target's dtype) and GOLDEN, the manifest that says what
+it was computed from. It is published whole or not at all
 (cache.cached_directory, with a manifest of sizes and hashes), so a damaged copy
 is found, never used.
 
 A run with `--reference-path=DIR` (DIR holding `<card>/` folders, or one card's
 folder) uses it only if the manifest matches the card here: the target
 checkpoint's fingerprint (the weights and tokenizer the prompts were cut with),
-the token ids of every prompt, the reference dtype, max_tokens and
-trust_remote_code. Anything else is refused with the file and the field.
+the token ids of every prompt, the reference dtype, the noise-floor dtype,
+max_tokens and trust_remote_code. Anything else is refused with the file and the field.
 """
 
 from __future__ import annotations
 
+import json
 import platform as _host
 import shutil
 from pathlib import Path
@@ -33,7 +36,8 @@ from npu_conformance.engines.reference import ReferenceResult
 
 GOLDEN = "golden.json"
 ARRAYS = "reference.npz"
-FORMAT = 1
+# 2: the noise-floor reference beside the golden (format 1 had none).
+FORMAT = 2
 
 
 class GoldenError(ValueError):
@@ -50,13 +54,14 @@ class Manifest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    format: Literal[1]
+    format: Literal[2]
     card: str
     weights: str
     checkpoint: str  # fingerprint of the target checkpoint
     reference_weights: str
     reference_checkpoint: str  # fingerprint of the checkpoint the reference ran
     reference_dtype: str
+    noise_dtype: str | None  # the noise-floor reference's (the target's dtype), None for an fp32 target
     trust_remote_code: bool
     max_tokens: int
     prompts: dict[str, str]  # prompt id -> digest of its token ids
@@ -67,7 +72,7 @@ class Manifest(BaseModel):
 def expected(card: Card, checkpoint: Path, prompts: dict[str, list[int]]) -> dict[str, object]:
     """The fields a golden reference of `card` must have on this host."""
     return {"card": card.name, "checkpoint": cache.fingerprint(checkpoint), "reference_dtype": card.reference_dtype,
-            "trust_remote_code": card.trust_remote_code, "max_tokens": card.max_tokens,
+            "noise_dtype": card.noise_dtype, "trust_remote_code": card.trust_remote_code, "max_tokens": card.max_tokens,
             "prompts": {pid: cache.digest(ids) for pid, ids in prompts.items()}}
 
 
@@ -111,7 +116,14 @@ def load(directory: Path, wanted: dict[str, object]) -> tuple[Manifest, dict[str
     if (problem := cache.damage(directory)) is not None:
         raise GoldenError(file, "<files>", f"the directory is damaged ({problem})")
     try:
-        manifest = Manifest.model_validate_json(file.read_text(encoding="utf-8"))
+        text = file.read_text(encoding="utf-8")
+        data = json.loads(text)
+        if isinstance(data, dict) and (found := data.get("format")) != FORMAT:
+            raise GoldenError(file, "format", f"is {found!r}, this suite reads {FORMAT} (the noise-floor reference "
+                                              "beside the golden)")
+        manifest = Manifest.model_validate_json(text)
+    except json.JSONDecodeError as exc:
+        raise GoldenError(file, "<json>", f"not valid JSON: {exc}") from None
     except ValidationError as exc:
         error = exc.errors()[0]
         raise GoldenError(file, ".".join(map(str, error["loc"])) or "<top>", error["msg"]) from None
@@ -119,7 +131,9 @@ def load(directory: Path, wanted: dict[str, object]) -> tuple[Manifest, dict[str
         raise GoldenError(file, *wrong)
     with np.load(directory / ARRAYS, allow_pickle=False) as data:
         results = {pid: ReferenceResult(data[f"{pid}/prompt_ids"].tolist(), data[f"{pid}/tokens"].tolist(),
-                                        data[f"{pid}/logits"]) for pid in manifest.prompts}
+                                        data[f"{pid}/logits"],
+                                        data[f"{pid}/noise"] if manifest.noise_dtype else None)
+                   for pid in manifest.prompts}
     return manifest, results
 
 
@@ -137,7 +151,7 @@ def save(directory: Path, card: Card, checkpoint: Path, reference_checkpoint: Pa
         host=f"{_host.machine()} {_host.node()}")
     arrays = {f"{pid}/{name}": value for pid, r in results.items()
               for name, value in (("prompt_ids", np.array(r.prompt_ids)), ("tokens", np.array(r.tokens)),
-                                  ("logits", r.logits))}
+                                  ("logits", r.logits), ("noise", r.noise)) if value is not None}
 
     def build(tmp: Path) -> None:
         np.savez_compressed(tmp / ARRAYS, **arrays)

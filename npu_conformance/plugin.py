@@ -22,7 +22,7 @@ from npu_conformance.changes import ChangedCards, ChangesError, changed_cards
 from npu_conformance.compare.precision import summary_line
 from npu_conformance.baselines import BASELINES_DIR
 from npu_conformance.perf import perf_batch_sizes, perf_cards
-from npu_conformance.platform import Platform, detect
+from npu_conformance.platform import Platform, detect, force_isa
 from npu_conformance.report import PrecisionReport
 
 
@@ -227,6 +227,11 @@ def pytest_configure(config: pytest.Config) -> None:
         if value is not None and Path(value).expanduser().resolve() == config.rootpath:
             flag = "--" + name.replace("_", "-")
             raise pytest.UsageError(f"write {flag}={value} (with '='): given as '{flag} {value}', pytest takes {value} for its root directory")
+    try:
+        # Before anything loads vLLM's kernels (platform.FORCE_ISA_ENV).
+        force_isa()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     config.stash[SESSION] = ConformanceSession(config)
 
 

@@ -32,9 +32,12 @@ __all__ = ["CheckpointError", "ENV", "applied", "decisions", "probe", "register"
 
 
 def register() -> None:
-    """Install both hooks; safe to call any number of times."""
+    """Install both hooks; safe to call any number of times. Also caps this
+    process's CPU kernels where NPU_CONFORMANCE_CPU_ISA says so (platform.force_isa)."""
     from npu_conformance.patches import config, loader
+    from npu_conformance.platform import force_isa
 
+    force_isa()
     config.install()
     loader.install()
 

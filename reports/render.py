@@ -83,7 +83,9 @@ def write_results(m: Model, decoder: Decoder, results: Path) -> dict[str, Path]:
 def draw_pictures(m: Model, model_dir: Path) -> dict[str, Path]:
     out = {}
     if m.prompts:
-        out["logprob_error"] = figures.logprob_error(m.prompts, m.entry["thresholds"]["logprob_rel_err"], model_dir)
+        # The mean's limit (noise-relative limits differ per prompt: the largest is drawn).
+        limit = max(p["checks"]["logprob_rel_err"]["threshold"] for p in m.prompts.values())
+        out["logprob_error"] = figures.logprob_error(m.prompts, limit, model_dir)
         out["top1"] = figures.top1(m.prompts, model_dir)
         # Shown in the precision section, so only beside compared prompts.
         if (m.entry or {}).get("diagnosis", {}).get("rows"):

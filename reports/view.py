@@ -143,7 +143,8 @@ def _figure_value(name: str, value: Any) -> str:
     name = name.removeprefix("decode_")
     if name == "cosine":
         return f"{value:.7f}"
-    if name in ("logprob_rel_err", "logprob_rel_err_position"):
+    if name in ("logprob_rel_err", "logprob_rel_err_position", "logprob_rel_err_full", "logit_rel_diff_mean",
+                "logit_rel_diff_median"):
         return _pct(value)
     return f"{value:.1%}"
 
@@ -273,8 +274,15 @@ def _checks(m: Model) -> list[dict[str, Any]]:
     for name, checks in grouped.items():
         values = [c["value"] for c in checks]
         lo, hi = _figure_value(name, min(values)), _figure_value(name, max(values))
-        out.append({"name": name, "rule": checks[0]["rule"], "threshold": _figure_value(name, checks[0]["threshold"]),
+        # A noise-judged limit differs per prompt: the range of it is shown.
+        limits = [c["threshold"] for c in checks]
+        low, high = _figure_value(name, min(limits)), _figure_value(name, max(limits))
+        noise = [c["noise"] for c in checks if c.get("noise") is not None]
+        ratios = [c["ratio"] for c in checks if c.get("ratio") is not None]
+        out.append({"name": name, "rule": checks[0]["rule"], "threshold": low if low == high else f"{low} – {high}",
                     "min": lo, "max": hi, "range": lo if lo == hi else f"{lo} – {hi}",
+                    "noise": f"{_figure_value(name, min(noise))} – {_figure_value(name, max(noise))}" if noise else "—",
+                    "ratio": f"{max(ratios):.2f}" if ratios else "—",
                     "passed": sum(c["passed"] for c in checks), "total": len(checks)})
     return out
 
@@ -350,7 +358,7 @@ def _precision(m: Model, decoder: Decoder, files: dict[str, Path], verdict: Call
     prompts = m.prompts.items()
     return {
         "method": {"reference_dtype": e["reference_dtype"], "dtype": e["dtype"], "max_tokens": e["max_tokens"],
-                   **e["thresholds"]},
+                   "noise_dtype": e.get("noise_dtype") or "—", **e["thresholds"]},
         "prompt_rows": [[pid, p["text"], f"{p['top1_rate']:.1%} / {p['top1_exact_rate']:.1%}",
                          f"{_pct(p['logprob_rel_err_max'])} / {_pct(p['logprob_rel_err_mean'])}",
                          _num(p.get("max_abs_logprob_err"), ".2e"), f"{p['cosine_min']:.7f} / {p['cosine_mean']:.7f}",

@@ -22,8 +22,7 @@ def test_a_passing_card_is_within_the_limit_everywhere(card: Card, reference: di
                                                        reference_checkpoint: Path, target: VllmRunner) -> None:
     # The longest prompt: most positions, and past the KV block where the card has one.
     pid = max(reference, key=lambda p: len(reference[p].prompt_ids))
-    found = diagnose(pid, reference[pid].prompt_ids, reference_checkpoint, card.reference_dtype,
-                     card.trust_remote_code, target, card.thresholds.diagnosis_rel_l2)
+    found = diagnose(pid, reference[pid].prompt_ids, reference_checkpoint, card, target)
     assert found.problem is None, found.summary()
     assert len(found.rows) >= 3 and not found.unmatched, found.summary()
     assert found.first is None, found.summary() + "; per place: " + ", ".join(

@@ -156,8 +156,8 @@ def test_greedy_divergence_is_tie():
 
 def _thresholds(**kw) -> m.Thresholds:
     base = dict(
-        logprob_rel_err=0.05, cosine=0.99, tie_margin=0.02, logprob_top_k=5, logprob_floor=0.1,
-        position_logprob_rel_err=0.2, diagnosis_rel_l2=0.01,
+        mission_rel_err=0.05, cosine=0.99, cosine_rule="absolute", tie_margin=0.02, logprob_top_k=5,
+        logprob_floor=0.1, noise_k=2.0, noise_k_max=3.0, dtype_floor=0.05, diagnosis_rel_l2=0.01,
     )
     return m.Thresholds(**{**base, **kw})
 
@@ -185,9 +185,9 @@ def test_compare_report_shape_and_serialisable(case):
     r = m.compare(ref, tgt, tokens, tokens, ref, tgt, _thresholds())
     json.dumps(r, allow_nan=False)
     assert _plain(r)
-    assert set(r["checks"]) == {"top1", "logprob_rel_err", "cosine", "logprob_rel_err_position", "greedy",
-                                "decode_top1", "decode_logprob_rel_err", "decode_cosine",
-                                "decode_logprob_rel_err_position"}
+    path = {"top1", "logprob_rel_err", "cosine", "logprob_rel_err_position", "logprob_rel_err_full",
+            "logit_rel_diff_mean", "logit_rel_diff_median"}
+    assert set(r["checks"]) == path | {"greedy"} | {f"decode_{name}" for name in path}
     assert r["positions"] == 4 and r["top1_first"] is True
     assert r["top1_rate"] == 1.0 and r["top1_exact_rate"] == 0.75
     assert r["top1_mismatch_positions"] == []
@@ -205,8 +205,11 @@ def test_compare_verdicts_flip_at_thresholds(case):
     r = run()
     rel, cos = r["logprob_rel_err_mean"], r["cosine_mean"]
     assert r["logprob_rel_err_max"] > rel and r["cosine_min"] < cos  # the worst figures are reported too
-    assert run(logprob_rel_err=rel * 1.001)["checks"]["logprob_rel_err"]["passed"]
-    assert not run(logprob_rel_err=rel)["checks"]["logprob_rel_err"]["passed"]
+    assert run(dtype_floor=rel * 1.001)["checks"]["logprob_rel_err"]["passed"]
+    assert not run(dtype_floor=rel * 0.999)["checks"]["logprob_rel_err"]["passed"]
+    full = r["logprob_rel_err_full_mean"]
+    assert run(mission_rel_err=full * 1.001)["checks"]["logprob_rel_err_full"]["passed"]
+    assert not run(mission_rel_err=full)["checks"]["logprob_rel_err_full"]["passed"]
     assert run(cosine=cos - 1e-9)["checks"]["cosine"]["passed"]
     failed = run(cosine=cos)
     assert not failed["checks"]["cosine"]["passed"] and failed["passed"] is False
@@ -244,7 +247,7 @@ def test_position_local_rule_catches_what_the_mean_dilutes(rng):
     ref = rng.normal(size=(40, 64)) * 3
     tgt = ref.copy()
     tgt[[30, 31]] = ref[[30, 31]] * 1.3  # e.g. a wrong RoPE past a KV block
-    figures, checks = m.logit_figures(ref, tgt, _thresholds(logprob_rel_err=0.05, position_logprob_rel_err=0.05))
+    figures, checks = m.logit_figures(ref, tgt, _thresholds(dtype_floor=0.05))
     assert checks["logprob_rel_err"]["passed"] and not checks["logprob_rel_err_position"]["passed"], figures
     assert figures["logprob_rel_err_worst_position"] in (30, 31)
     assert figures["logprob_rel_err_position_max"] > 5 * figures["logprob_rel_err_mean"]
@@ -272,3 +275,87 @@ def test_first_generated_row_is_the_one_after_the_prompt(case):
     shifted[1] = -ref[1]  # wrong at the first generated row, with one prompt row before it
     r = m.compare(ref, shifted, tokens[1:], tokens[1:], ref[1:], ref[1:], _thresholds(), first_generated=1)
     assert r["prompt_positions"] == 1 and r["top1_first"] is False
+
+
+def _noisy(rng, scale: float, ref: np.ndarray) -> np.ndarray:
+    return ref + rng.normal(size=ref.shape) * scale
+
+
+def test_noise_floor_rule_judges_the_target_against_its_dtypes_own_error(rng):
+    """target <= max(k x noise, floor): an error 1.5x the noise floor's passes at
+    k=2 and fails at k=1.2; without a noise-floor reference the floor alone rules."""
+    ref = rng.normal(size=(64, 128)) * 3
+    noise = _noisy(rng, 0.02, ref)
+    tgt = _noisy(rng, 0.03, ref)
+    t = _thresholds(dtype_floor=1e-6, mission_rel_err=0.5)
+    figures, checks = m.logit_figures(ref, tgt, t, noise)
+    check = checks["logprob_rel_err"]
+    assert check["noise"] == figures["noise"]["logprob_rel_err_mean"]
+    assert 1.2 < check["ratio"] < 2.0 and check["passed"] and check["threshold"] == 2.0 * check["noise"]
+    assert not m.logit_figures(ref, tgt, _thresholds(dtype_floor=1e-6, noise_k=1.2), noise)[1]["logprob_rel_err"]["passed"]
+    # The floor: a target within the dtype's rounding passes whatever the noise.
+    assert m.logit_figures(ref, tgt, _thresholds(dtype_floor=1.0, noise_k=0.1), noise)[1]["logprob_rel_err"]["passed"]
+    alone = m.logit_figures(ref, tgt, t)[1]["logprob_rel_err"]
+    assert not alone["passed"] and alone["threshold"] == 1e-6 and "noise" not in alone
+
+
+def test_bf16_cosine_is_judged_on_the_squared_scale(rng):
+    """1 - cos grows as the square of a relative error: k and the floor are squared for it."""
+    ref = rng.normal(size=(64, 128)) * 3
+    noise, tgt = _noisy(rng, 0.02, ref), _noisy(rng, 0.03, ref)
+    t = _thresholds(cosine_rule="noise", dtype_floor=1e-6, cosine=0.999999999)
+    check = m.logit_figures(ref, tgt, t, noise)[1]["cosine"]
+    gap_ratio = (1 - check["value"]) / (1 - check["noise"])
+    assert 2.0 < gap_ratio < 4.0 and check["passed"], check  # 1.5x the error, 2.25x the gap, under k^2 = 4
+    assert not m.logit_figures(ref, tgt, _thresholds(cosine_rule="noise", dtype_floor=1e-6, noise_k=1.2),
+                               noise)[1]["cosine"]["passed"]
+    # The absolute rule ignores the noise: this target misses 0.999999999.
+    assert not m.logit_figures(ref, tgt, _thresholds(cosine=0.999999999), noise)[1]["cosine"]["passed"]
+
+
+def test_top1_flip_is_excused_where_the_noise_floor_flips_too(case):
+    ref, tgt, tokens = case
+    t = _thresholds(tie_margin=0.0)
+    assert not m.logit_figures(ref, tgt, t)[1]["top1"]["passed"]  # position 2 flips, no tie margin
+    figures, checks = m.logit_figures(ref, tgt, t, tgt)  # the noise floor flips the same position
+    assert checks["top1"]["passed"] and figures["noise"]["top1_flip_positions"] == [2]
+    greedy = m.compare(ref, ref, tokens, tokens[:2] + [1, tokens[3]], ref, ref, t, noise_logits=tgt)
+    assert greedy["checks"]["greedy"]["passed"]
+    assert greedy["greedy_divergence_is_tie"] or greedy["greedy_divergence_is_noise"]
+    assert not m.compare(ref, ref, tokens, tokens[:2] + [1, tokens[3]], ref, ref, t, noise_logits=ref
+                         )["checks"]["greedy"]["passed"]
+
+
+def test_mission_figure_falls_back_to_the_noise_only_where_the_dtype_misses_it(rng):
+    ref = rng.normal(size=(32, 64)) * 3
+    noise, tgt = _noisy(rng, 0.2, ref), _noisy(rng, 0.25, ref)
+    held = m.logit_figures(ref, tgt, _thresholds(mission_rel_err=0.5), noise)[1]["logit_rel_diff_mean"]
+    assert held["threshold"] == 0.5 and held["passed"] and "mission" in held["rule"]
+    missed = m.logit_figures(ref, tgt, _thresholds(mission_rel_err=0.001), noise)[1]["logit_rel_diff_mean"]
+    assert missed["passed"] and missed["threshold"] == 2.0 * missed["noise"] and "dtype's own error" in missed["rule"]
+
+
+def test_logit_relative_difference_is_robust_to_logits_near_zero():
+    ref = np.array([[4.0, -2.0, 1e-9, 3.0]])
+    tgt = ref + np.array([[0.04, -0.02, 0.01, 0.03]])
+    per_position, median = m.logit_rel_diff(ref, tgt)
+    assert per_position[0] == pytest.approx(0.1 / (9.0 + 1e-9) * 1.0, rel=1e-6)
+    assert median == pytest.approx(0.01)
+
+
+def test_near_tie_is_measured_against_the_dtypes_own_shift(rng):
+    """A flip between tokens 0.3 nats apart is rounding where the noise floor itself
+    moves the log-probs there by about 0.2 (k=2), and a real error where it moves them by 0.01."""
+    ref = rng.normal(size=(3, 32))
+    ref[:, 0], ref[:, 1] = 10.0, 9.7  # golden gap 0.3 nats between tokens 0 and 1
+    tgt = ref.copy()
+    tgt[:, 1] = 10.1  # the target prefers token 1
+    t = _thresholds(tie_margin=0.1)
+    assert not m.logit_figures(ref, tgt, t)[1]["top1"]["passed"]
+    shifted = ref.copy()
+    shifted[:, 0] -= 0.4  # moves the two log-probs by about 0.2 each, no flip
+    np.testing.assert_allclose(m.tie_margins(ref, shifted, t), 2 * m.max_abs_logprob_err(ref, shifted, 5))
+    assert m.logit_figures(ref, tgt, t, shifted)[1]["top1"]["passed"]
+    slight = ref.copy()
+    slight[:, 0] -= 0.01
+    assert not m.logit_figures(ref, tgt, t, slight)[1]["top1"]["passed"]

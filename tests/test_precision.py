@@ -1,9 +1,12 @@
-"""Precision conformance: the target engine against the CPU transformers reference,
-per card and prompt, on the card's thresholds (defaults: tie-aware Top-1 match at
-every position, mean logprob relative error < 1%, mean cosine of raw logits
-> 0.9999, the worst position's error, greedy agreement), on the teacher-forced
-prefill (prompt and generated positions) and on the decode path; see
-npu_conformance/compare/metrics.py for the exact rules."""
+"""Precision conformance: the target engine against the fp32 CPU transformers
+golden, per card and prompt, on the teacher-forced prefill (prompt and generated
+positions) and on the decode path. The mission's figures are asserted where the
+target's dtype can meet them (full-vocabulary log-prob error and raw-logit
+relative difference < 1%, cosine > 0.9999 for fp16/fp32); the figures that grow
+with rounding (top-5 log-prob error, the worst position, bf16's cosine) against
+the noise floor, the same figures of transformers in the target's dtype; Top-1
+and greedy flips only where the golden has a near-tie or the noise floor flips
+too. See npu_conformance/compare/metrics.py for the exact rules."""
 
 from typing import Any
 
@@ -22,7 +25,8 @@ def _failure(result: dict[str, Any], name: str) -> str | None:
     check = result["checks"][name]
     if check["passed"]:
         return None
-    return f"{name}: {check['value']:.6g} vs threshold {check['threshold']:.6g} ({check['rule']})"
+    noise = f", noise floor {check['noise']:.6g}" if check.get("noise") is not None else ""
+    return f"{name}: {check['value']:.6g} vs threshold {check['threshold']:.6g}{noise} ({check['rule']})"
 
 
 def _check(precision_results: dict[str, dict[str, Any]], prompt_id: str, name: str) -> None:
@@ -46,6 +50,18 @@ def test_logits_cosine(precision_results, prompt_id):
     _check(precision_results, prompt_id, "cosine")
 
 
+def test_full_vocabulary_logprob_error(precision_results, prompt_id):
+    """The mission's < 1% in seed 004's formulation: every entry of the vocabulary."""
+    _check(precision_results, prompt_id, "logprob_rel_err_full")
+
+
+def test_logits_relative_difference(precision_results, prompt_id):
+    """The mission's < 1% in seed 000's formulation: mean and median relative difference of the raw logits."""
+    result = precision_results[prompt_id]
+    failures = [f for name in ("logit_rel_diff_mean", "logit_rel_diff_median") if (f := _failure(result, name))]
+    assert not failures, "; ".join(failures) + f"; {_figures(result)}"
+
+
 def test_worst_position_logprob_error(precision_results, prompt_id):
     """No single position's mean top-k error past the position-local limit: a
     fault confined to a few positions, which the mean dilutes, fails here."""
@@ -56,7 +72,8 @@ def test_decode_path(precision_results, prompt_id):
     """The decode logits (the target's own free-running steps) against the
     reference's at the same context, with the teacher-forced rules."""
     result = precision_results[prompt_id]
-    names = ("decode_top1", "decode_logprob_rel_err", "decode_cosine", "decode_logprob_rel_err_position")
+    names = [name for name in result["checks"] if name.startswith("decode_")]
+    assert names, f"no decode step was compared; {_figures(result)}"
     failures = [f for name in names if (f := _failure(result, name))]
     assert not failures, "; ".join(failures) + f"; decode figures over {result['decode']['positions']} steps: " + (
         ", ".join(f"{k}={result['decode'][k]:.6g}" for k in ("top1_rate", "logprob_rel_err_mean",

@@ -8,6 +8,7 @@ import shutil
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -215,3 +216,52 @@ def test_quantized_cards_have_real_checkpoint_shapes() -> None:
             assert not bad, f"{card.name}: {bad} not multiples of the {spec['method']} unit {unit}"
             checked.append(card.name)
     assert {"synthetic-qwen3-fp8", "synthetic-qwen2-gptq"} <= set(checked)
+
+
+def test_mutate_scale_changes_one_tensor(llama: Path, cache: Path) -> None:
+    name = "model.layers.1.post_attention_layernorm.weight"
+    mutant = synthetic.build_checkpoint("llama", cache, mutate={"scale": {name: 1.05}})
+    base, changed = load_file(llama / "model.safetensors"), load_file(mutant / "model.safetensors")
+    for key in base:
+        if key == name:
+            torch.testing.assert_close(changed[key], base[key] * 1.05)
+        else:
+            assert torch.equal(changed[key], base[key]), key
+    with pytest.raises(ValueError, match="no tensor"):
+        synthetic.build_checkpoint("llama", cache, mutate={"scale": {"model.layers.9.mlp.weight": 1.1}})
+    with pytest.raises(ValueError, match="numeric factors"):
+        synthetic.build_checkpoint("llama", cache, mutate={"scale": {name: "1.1"}})
+
+
+def _confident_cards() -> list[tuple[str, object]]:
+    """The default cards whose embedded model's recipe declares the confidence it must reach."""
+    from npu_conformance.cards import load_catalog
+
+    recipes = synthetic.load_recipes()["recipes"]
+    return [(name, card) for name, card in load_catalog().items()
+            if card.default and card.weights.kind == "synthetic" and "confidence" in recipes[card.weights.ref]]
+
+
+def test_deep_models_are_as_confident_as_real_checkpoints(pytestconfig: pytest.Config) -> None:
+    """The bf16 and FP8 default cards run on models of 8 or more layers that put
+    real checkpoints' confidence on the default prompts, long ones included: the
+    fp32 golden's mean top-1 probability over every compared position, and the
+    share of positions above 0.9 (the same cached reference the precision run uses)."""
+    from npu_conformance.compare.metrics import log_softmax
+    from npu_conformance.engines.reference import reference_results, tokenize_prompts
+
+    cards = _confident_cards()
+    assert {"synthetic-llama-bf16", "synthetic-qwen3-fp8"} <= {name for name, _ in cards}
+    cache_dir = pytestconfig.getoption("cache_dir")
+    recipes = synthetic.load_recipes()["recipes"]
+    for name, card in cards:
+        recipe = recipes[card.weights.ref]
+        assert recipe["config"]["num_hidden_layers"] >= 8, name
+        checkpoint = synthetic.build_checkpoint(card.weights.ref, cache_dir)
+        prompts = tokenize_prompts(checkpoint, card.prompts, False, card.fill_tokens("cpu"))
+        golden = reference_results(checkpoint, card.reference_dtype, False, prompts, card.max_tokens, cache_dir)
+        top1 = np.concatenate([np.exp(log_softmax(r.logits).max(axis=-1)) for r in golden.values()])
+        want = recipe["confidence"]
+        assert top1.mean() >= want["mean_top1"] and (top1 > 0.9).mean() >= want["share_above_0.9"], (
+            f"{name} ({card.weights.ref}): mean top-1 probability {top1.mean():.3f} (wanted >= {want['mean_top1']}), "
+            f"share above 0.9 {(top1 > 0.9).mean():.2f} (wanted >= {want['share_above_0.9']}) over {top1.size} positions")

@@ -19,6 +19,7 @@ RPC = "conformance_evidence"
 def inspect_model(model: Any) -> dict[str, Any]:
     """The evidence one worker can give about its model (plain data: it is sent back over RPC)."""
     from npu_conformance import patches
+    from npu_conformance.platform import cpu_kernel_build
 
     methods: collections.Counter[str] = collections.Counter()
     kernels: collections.Counter[str] = collections.Counter()
@@ -44,6 +45,8 @@ def inspect_model(model: Any) -> dict[str, Any]:
         "attention_backends": sorted(backends),
         "parameter_dtypes": dict(sorted(dtypes.items())),
         "patch_records": patches.applied(),
+        # vLLM's CPU kernel build this worker loaded (None off CPU).
+        "cpu_kernel_build": cpu_kernel_build(),
     }
 
 
@@ -100,4 +103,6 @@ def collect(llm: Any, architecture: str, records_before: int, decisions_before: 
         "tensor_parallel_size": llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size,
         "ranks": len(answers),
         "worker_pids": sorted({a["pid"] for a in answers}),
+        # Every rank's build of vLLM's CPU kernels: which ISA's kernels computed the figures.
+        "cpu_kernel_builds": sorted({str(a["cpu_kernel_build"]) for a in answers}),
     }

@@ -1,13 +1,17 @@
 """The CPU transformers reference: greedy continuation and full logits.
 
-For each prompt the reference greedily extends the prompt by `max_tokens` tokens
-(EOS ignored, so both sides produce the same length), then runs one forward pass
-over prompt + continuation and keeps the raw logits at every position. Results
-are cached on disk keyed by everything that determines them.
+For each prompt the golden (fp32) reference greedily extends the prompt by
+`max_tokens` tokens (EOS ignored, so both sides produce the same length), then
+runs one forward pass over prompt + continuation and keeps the raw logits at
+every position. A target that runs below fp32 also gets a noise-floor reference:
+the same checkpoint in the target's dtype, teacher-forced over the golden's
+sequence, so every figure can be measured on the same positions for the dtype's
+own rounding. Results are cached on disk keyed by everything that determines them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import inspect
 import sys
@@ -28,6 +32,9 @@ class ReferenceResult:
     prompt_ids: list[int]
     tokens: list[int]  # greedy continuation
     logits: np.ndarray  # [len(prompt_ids) + len(tokens) - 1, V] float32; row j predicts token j + 1
+    # The noise-floor reference's rows aligned with `logits` (transformers in the
+    # target's dtype over the same sequence), or None where the target runs in fp32.
+    noise: np.ndarray | None = None
 
     @property
     def generated_logits(self) -> np.ndarray:
@@ -74,10 +81,15 @@ class ReferenceRunner:
                 token = int(out.logits[0, -1].argmax())
                 tokens.append(token)
                 out = self.model(input_ids=torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
-            # One pass over the whole sequence, as the target's teacher-forced prefill sees it.
-            full = torch.tensor([prompt_ids + tokens[:-1]])
-            logits = self.model(input_ids=full).logits[0].float().numpy()
-        return ReferenceResult(list(prompt_ids), tokens, logits)
+        # One pass over the whole sequence, as the target's teacher-forced prefill sees it.
+        return ReferenceResult(list(prompt_ids), tokens, self.teacher_forced(prompt_ids + tokens[:-1]))
+
+    def teacher_forced(self, ids: list[int]) -> np.ndarray:
+        """Raw logits of one forward pass over `ids`, float32 [len(ids), V]."""
+        import torch
+
+        with torch.inference_mode():
+            return self.model(input_ids=torch.tensor([ids])).logits[0].float().numpy()
 
     def hidden_states(self, prompt_ids: list[int]) -> dict[str, np.ndarray]:
         """The hidden states at each tapped place (engines.taps) of one forward of the prompt."""
@@ -116,6 +128,22 @@ def tokenize_prompts(checkpoint: Path, prompts: tuple[Prompt, ...], trust_remote
     return out
 
 
+def _identity(checkpoint: Path, dtype: str, trust_remote_code: bool) -> list[object]:
+    """Everything besides the token ids that decides a reference's results."""
+    import torch
+    import transformers
+
+    return [
+        fingerprint(checkpoint),
+        dtype,
+        trust_remote_code,
+        torch.__version__,
+        transformers.__version__,
+        # A change in how the reference is computed must not reuse old results.
+        cache.digest(inspect.getsource(sys.modules[__name__])),
+    ]
+
+
 def reference_results(
     checkpoint: Path,
     dtype: str,
@@ -123,21 +151,11 @@ def reference_results(
     prompts: dict[str, list[int]],
     max_tokens: int,
     cache_root: Path,
+    noise_dtype: str | None = None,
 ) -> dict[str, ReferenceResult]:
-    """Reference results per prompt id, from the disk cache where possible."""
-    import torch
-    import transformers
-
-    identity = [
-        fingerprint(checkpoint),
-        dtype,
-        trust_remote_code,
-        max_tokens,
-        torch.__version__,
-        transformers.__version__,
-        # A change in how the reference is computed must not reuse old results.
-        cache.digest(inspect.getsource(sys.modules[__name__])),
-    ]
+    """Reference results per prompt id, from the disk cache where possible; with
+    `noise_dtype` (a target below fp32), the noise-floor reference beside each."""
+    identity = [*_identity(checkpoint, dtype, trust_remote_code), max_tokens]
     runner: ReferenceRunner | None = None
     results = {}
     try:
@@ -154,6 +172,44 @@ def reference_results(
             path.parent.mkdir(parents=True, exist_ok=True)
             arrays = cache.cached_arrays(path, compute)
             results[pid] = ReferenceResult(arrays["prompt_ids"].tolist(), arrays["tokens"].tolist(), arrays["logits"])
+    finally:
+        if runner is not None:
+            runner.__exit__(None, None, None)
+    return results if noise_dtype is None else with_noise(checkpoint, noise_dtype, trust_remote_code, results,
+                                                          cache_root)
+
+
+def with_noise(
+    checkpoint: Path,
+    dtype: str,
+    trust_remote_code: bool,
+    golden: dict[str, ReferenceResult],
+    cache_root: Path,
+) -> dict[str, ReferenceResult]:
+    """The golden results with the noise-floor reference beside them: `checkpoint`
+    in `dtype` (the target's), teacher-forced over each golden sequence, one
+    forward pass per prompt, from the disk cache where possible. The rounding is
+    what every device does alike in that dtype (an H200's bf16 error was 1.00-1.03x
+    the CPU's on the same positions: ../shared/notes/noise-floor-cross-device.md);
+    torch's kernels for this host's ISA are part of the key all the same."""
+    import torch
+
+    identity = ["noise", *_identity(checkpoint, dtype, trust_remote_code), torch.backends.cpu.get_cpu_capability()]
+    runner: ReferenceRunner | None = None
+    results = {}
+    try:
+        for pid, gold in golden.items():
+            ids = gold.full_ids[:-1]
+            path = cache_root / "reference" / f"{cache.digest(identity, ids)[:32]}.npz"
+
+            def compute() -> dict[str, np.ndarray]:
+                nonlocal runner
+                if runner is None:
+                    runner = ReferenceRunner(checkpoint, dtype, trust_remote_code).__enter__()
+                return {"logits": runner.teacher_forced(ids)}
+
+            path.parent.mkdir(parents=True, exist_ok=True)
+            results[pid] = dataclasses.replace(gold, noise=cache.cached_arrays(path, compute)["logits"])
     finally:
         if runner is not None:
             runner.__exit__(None, None, None)
