@@ -354,8 +354,31 @@ def test_near_tie_is_measured_against_the_dtypes_own_shift(rng):
     assert not m.logit_figures(ref, tgt, t)[1]["top1"]["passed"]
     shifted = ref.copy()
     shifted[:, 0] -= 0.4  # moves the two log-probs by about 0.2 each, no flip
-    np.testing.assert_allclose(m.tie_margins(ref, shifted, t), 2 * m.max_abs_logprob_err(ref, shifted, 5))
+    shift = m.max_abs_logprob_err(ref, shifted, 5)
+    np.testing.assert_allclose(m.tie_margins(ref, shifted, t), 2 * np.maximum(shift, np.median(shift)))
     assert m.logit_figures(ref, tgt, t, shifted)[1]["top1"]["passed"]
     slight = ref.copy()
     slight[:, 0] -= 0.01
     assert not m.logit_figures(ref, tgt, t, slight)[1]["top1"]["passed"]
+
+
+def test_near_tie_margin_pools_the_noise_floors_shift_over_positions(rng):
+    """One position's noise shift is a single draw: where it happens to be small, the
+    margin is k x the median shift over the positions, and a flip at a gap below that
+    is rounding. A flip past k x the median stays a failure."""
+    ref = rng.normal(size=(5, 32))
+    ref[:, 0], ref[:, 1] = 10.0, 9.7  # golden gap 0.3 nats at every position
+    noise = ref.copy()
+    noise[:, 0] -= 0.4  # a typical shift of about 0.2 nats ...
+    noise[2, 0] = ref[2, 0] - 0.02  # ... and one small draw at position 2
+    shift = m.max_abs_logprob_err(ref, noise, 5)
+    t = _thresholds(tie_margin=0.1)
+    margins = m.tie_margins(ref, noise, t)
+    assert margins[2] == pytest.approx(2 * np.median(shift)) and margins[2] > 2 * shift[2]
+    np.testing.assert_allclose(np.delete(margins, 2), 2 * np.delete(shift, 2), rtol=1e-3)
+    tgt = ref.copy()
+    tgt[2, 1] = 10.1  # the target flips position 2 only
+    assert m.logit_figures(ref, tgt, t, noise)[1]["top1"]["passed"]
+    far = ref.copy()
+    far[2, 5] = 20.0  # a token the golden puts ~10 nats below its top-1
+    assert not m.logit_figures(ref, far, t, noise)[1]["top1"]["passed"]
