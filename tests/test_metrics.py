@@ -382,3 +382,43 @@ def test_near_tie_margin_pools_the_noise_floors_shift_over_positions(rng):
     far = ref.copy()
     far[2, 5] = 20.0  # a token the golden puts ~10 nats below its top-1
     assert not m.logit_figures(ref, far, t, noise)[1]["top1"]["passed"]
+
+
+def test_figures_chunk_by_chunk_equal_the_whole_array(rng, monkeypatch):
+    """Bounded memory changes no figure: rows compared a few at a time give the
+    whole-array figures (to float64 summation order)."""
+    ref = rng.normal(size=(37, 50)) * 3
+    tgt = ref + rng.normal(size=ref.shape) * 0.05
+    noise = ref + rng.normal(size=ref.shape) * 0.03
+    ref[5, 7] = 0.0  # an entry whose relative difference is infinite
+    t = _thresholds(cosine_rule="noise")
+    whole = m.logit_figures(ref, tgt, t, noise)
+    monkeypatch.setattr(m, "CHUNK_ENTRIES", 3 * 50)
+    assert len(m._chunks(37, 50)) == 13
+    chunked = m.logit_figures(ref.astype(np.float64), tgt, t, noise)
+    assert chunked[1].keys() == whole[1].keys()
+    for name, check in whole[1].items():
+        assert chunked[1][name]["passed"] == check["passed"]
+        assert chunked[1][name]["value"] == pytest.approx(check["value"], rel=1e-12, abs=1e-15), name
+    for name, value in whole[0].items():
+        if isinstance(value, float):
+            assert chunked[0][name] == pytest.approx(value, rel=1e-12, abs=1e-15), name
+
+
+@pytest.mark.parametrize("shape", [(9, 7), (10, 7), (1, 5)])
+def test_median_of_entries_is_exact_in_chunks(rng, monkeypatch, shape):
+    a = rng.normal(size=shape)
+    b = a + rng.normal(size=shape) * 0.1
+    a[0, 0] = 0.0
+    whole = float(np.median(m._logit_entries(a, b)))
+    monkeypatch.setattr(m, "CHUNK_ENTRIES", 2 * shape[1])
+    assert m.median_of_entries(m._logit_entries, a, b) == whole
+
+
+def test_median_of_entries_brackets_a_sampled_median_exactly(rng, monkeypatch):
+    """Past 2^20 entries the median is bracketed from a strided sample: still exact."""
+    a = rng.normal(size=(1100, 1001))
+    b = a + rng.standard_cauchy(size=a.shape) * 0.01
+    whole = float(np.median(m._logit_entries(a, b)))
+    monkeypatch.setattr(m, "CHUNK_ENTRIES", 64 * 1001)
+    assert m.median_of_entries(m._logit_entries, a, b) == whole
