@@ -92,3 +92,29 @@ def test_engine_ran_what_the_card_claims(card, engine_evidence):
     verdict = engine_evidence["verdict"]
     ran = {k: engine_evidence[k] for k in ("model_class", "dtype", "attention_backends", "quantization")}
     assert verdict["passed"], f"{card.name}: " + "; ".join(verdict["problems"]) + f" (evidence: {ran})"
+
+
+def test_captured_logits_are_what_vllms_logprobs_api_returns(card, target, reference):
+    """The target's logits come from the workers' recording (engines.capture), not
+    from vLLM's per-entry logprobs: on the card's shortest prompt, the recorded
+    rows equal bit for bit the full raw-logit vectors vLLM's own API returns for
+    the same prefill and decode steps (`prompt_logprobs=-1`, `logprobs=-1`)."""
+    import numpy as np
+    from vllm import SamplingParams
+
+    def dense(positions) -> np.ndarray:
+        rows = np.full((len(positions), target.vocab_size), -np.inf, dtype=np.float32)
+        for i, position in enumerate(positions):
+            for token, logprob in position.items():
+                if token < target.vocab_size:
+                    rows[i, token] = logprob.logprob
+        return rows
+
+    prompt = min((r.full_ids for r in reference.values()), key=len)[:6]
+    [api] = target.generate([prompt], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True,
+                                                     prompt_logprobs=-1, logprobs=-1))
+    [forced] = target.teacher_forced([prompt])
+    [(tokens, greedy)] = target.greedy([prompt], 3)
+    assert tokens == list(api.outputs[0].token_ids)
+    np.testing.assert_array_equal(forced, dense(api.prompt_logprobs[1:]))
+    np.testing.assert_array_equal(greedy, dense(api.outputs[0].logprobs))

@@ -1,10 +1,12 @@
 """The target: vLLM on the current platform, one engine per card per session.
 
-The engine is built with `logprobs_mode="raw_logits"` and an unlimited
-`max_logprobs`, so every position comes back as the full raw logit vector: the
-free-running greedy output, and teacher-forced prompt positions when the
-reference continuation is fed back as the prompt. After boot the runner holds
-the engine's evidence (engines.evidence): what vLLM actually instantiated.
+The runner takes the full raw logit vector of every position: of the
+free-running greedy output, and of the teacher-forced prompt positions when the
+reference continuation is fed back as the prompt. Its workers record them as
+arrays (engines.capture); vLLM, built with `logprobs_mode="raw_logits"`, returns
+one raw logit per position, by which the rows are matched to the requests.
+After boot the runner holds the engine's evidence (engines.evidence): what vLLM
+actually instantiated.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -28,7 +31,7 @@ import numpy as np
 import psutil
 
 from npu_conformance import patches
-from npu_conformance.engines import evidence, worker
+from npu_conformance.engines import capture, evidence, worker
 
 
 # Every engine the suite starts, in process or as a server, sends no usage
@@ -162,14 +165,6 @@ def _stuck(what: str, seconds: float, grace_s: float, killed: list[int]) -> str:
             f"handler runs; the watchdog killed its processes {killed}")
 
 
-def _dense(position: Mapping[int, Any], vocab: int) -> np.ndarray:
-    row = np.full(vocab, -np.inf, dtype=np.float32)
-    for token, logprob in position.items():
-        if token < vocab:
-            row[token] = logprob.logprob
-    return row
-
-
 @dataclass(frozen=True)
 class TargetResult:
     """One prompt's outputs of both target passes."""
@@ -199,6 +194,8 @@ class VllmRunner:
             model=str(checkpoint),
             dtype=dtype,
             trust_remote_code=trust_remote_code,
+            # The one log-prob per position that the runner asks for is then the
+            # raw logit by which engines.capture matches the recorded rows.
             logprobs_mode="raw_logits",
             max_logprobs=-1,
             # Per-request metrics (TTFT, TPOT) for the perf tests; LLM turns them off by default.
@@ -283,17 +280,35 @@ class VllmRunner:
         self.cached_tokens = [o.num_cached_tokens or 0 for o in outputs]
         return outputs
 
+    def scored(self, prompts: list[list[int]], params: Any,
+               scores: Callable[[list[int], Any], tuple[list[int], list[float]]]) -> list[tuple[Any, np.ndarray]]:
+        """Run `prompts` while the workers record every logit row (engines.capture):
+        each output with its rows [n, V], which `scores(prompt, output)` names by
+        (token, raw logit) of each row, as vLLM returned them."""
+        with tempfile.TemporaryDirectory(prefix="conformance-logits-") as folder:
+            self.llm.collective_rpc("conformance_record", args=(folder,))
+            try:
+                outputs = self.generate(prompts, params)
+            finally:
+                records = self.llm.collective_rpc("conformance_recorded")
+            record = next((r for r in records if r["rows"]), None)
+            if record is None:
+                raise capture.CaptureError(f"no worker of {self.checkpoint} recorded a logit row")
+            wanted = [scores(p, o) for p, o in zip(prompts, outputs)]
+            index = capture.assign_rows(capture.read_rows(record), wanted)
+            found = [capture.gather_rows(record, i, self.vocab_size) for i in index]
+        return list(zip(outputs, found))
+
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], np.ndarray]]:
         """Free-running greedy continuations with the raw logits that chose each token."""
         from vllm import SamplingParams
 
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=-1)
-        results = []
-        for out in self.generate(prompts, params):
+        def scores(prompt: list[int], out: Any) -> tuple[list[int], list[float]]:
             completion = out.outputs[0]
-            logits = np.stack([_dense(p, self.vocab_size) for p in completion.logprobs])
-            results.append((list(completion.token_ids), logits))
-        return results
+            return list(completion.token_ids), [p[t].logprob for t, p in zip(completion.token_ids, completion.logprobs)]
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
+        return [(list(out.outputs[0].token_ids), logits) for out, logits in self.scored(prompts, params, scores)]
 
     def hidden_states(self, prompt_ids: list[int]) -> dict[str, np.ndarray]:
         """The hidden states at each tapped place (engines.taps) of one prefill of the prompt."""
@@ -313,7 +328,9 @@ class VllmRunner:
         prefill): row j predicts sequence[j + 1], as the reference's rows do."""
         from vllm import SamplingParams
 
-        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=-1)
-        # prompt_logprobs[j] is the distribution of token j given tokens < j (None at 0).
-        return [np.stack([_dense(p, self.vocab_size) for p in out.prompt_logprobs[1:]])
-                for out in self.generate(sequences, params)]
+        def scores(sequence: list[int], out: Any) -> tuple[list[int], list[float]]:
+            # prompt_logprobs[j] scores token j given tokens < j (None at 0).
+            return sequence[1:], [p[t].logprob for t, p in zip(sequence[1:], out.prompt_logprobs[1:])]
+
+        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+        return [logits for _, logits in self.scored(sequences, params, scores)]

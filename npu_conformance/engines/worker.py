@@ -5,11 +5,13 @@
 from __future__ import annotations
 
 import copy
+import uuid
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
-from npu_conformance.engines import evidence, faults, taps
+from npu_conformance.engines import capture, evidence, faults, taps
 
 WORKER_EXTENSION = f"{__name__}.WorkerExtension"
 
@@ -37,3 +39,13 @@ class WorkerExtension:
         """What the hooks kept; removes them."""
         tapped, self._conformance_taps = self._conformance_taps, None
         return tapped.remove()
+
+    def conformance_record(self, folder: str) -> None:
+        """Record every logit row the model computes from now on to a file in `folder` (engines.capture)."""
+        path = Path(folder) / f"logits-{uuid.uuid4().hex}.f32"
+        self._conformance_recorder = capture.LogitsRecorder(self.get_model(), path)
+
+    def conformance_recorded(self) -> dict[str, Any]:
+        """What was recorded ({path, rows, width}); stops recording."""
+        recorder, self._conformance_recorder = self._conformance_recorder, None
+        return recorder.remove()
