@@ -345,7 +345,8 @@ class Prompt(_Positional):
     id: StrictStr
     text: StrictStr
     # Long-context prompts: the text repeated and cut to this many tokens, or
-    # `fill`: as many as the card's max_model_len leaves beside the generated tokens.
+    # `fill`: the card's long_prompt_tokens, or fewer where its max_model_len
+    # leaves fewer beside the generated tokens.
     length: PositiveInt | Literal["fill"] | None = None
 
 
@@ -657,6 +658,8 @@ class Card(_Section):
     # A prompt set's name (a file in npu_conformance/prompts/) or an inline list.
     prompts: PromptList
     max_tokens: PositiveInt
+    # The length of a `length: fill` prompt where max_model_len allows it (_defaults.yaml says why).
+    long_prompt_tokens: PositiveInt
     thresholds: Thresholds
     platforms: dict[PlatformName, PlatformSettings] = Field(default_factory=dict)
     conditions: dict[ConditionName, ConditionSpec] = Field(default_factory=dict)
@@ -823,10 +826,11 @@ class Card(_Section):
         return self.dtype if self.dtype != self.reference_dtype else None
 
     def fill_tokens(self, platform: str) -> int | None:
-        """Prompt tokens a `length: fill` prompt gets on `platform`: the context
-        minus the generated tokens, minus the one the teacher-forced pass asks for."""
+        """Prompt tokens a `length: fill` prompt gets on `platform`: long_prompt_tokens,
+        or fewer where the context, minus the generated tokens and the one the
+        teacher-forced pass asks for, leaves fewer."""
         max_model_len = self.engine_args(platform).get("max_model_len")
-        return None if max_model_len is None else max_model_len - self.max_tokens - 1
+        return None if max_model_len is None else min(self.long_prompt_tokens, max_model_len - self.max_tokens - 1)
 
     def env(self, platform: str) -> dict[str, str]:
         """Environment of the card's engines and servers on `platform`. A card that
