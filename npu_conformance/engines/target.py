@@ -285,7 +285,7 @@ class VllmRunner:
         """Run `prompts` while the workers record every logit row (engines.capture):
         each output with its rows [n, V], which `scores(prompt, output)` names by
         (token, raw logit) of each row, as vLLM returned them."""
-        with tempfile.TemporaryDirectory(prefix="conformance-logits-") as folder:
+        with tempfile.TemporaryDirectory(prefix="conformance-logits-", dir=capture.RECORD_DIR) as folder:
             self.llm.collective_rpc("conformance_record", args=(folder,))
             try:
                 outputs = self.generate(prompts, params)
