@@ -394,7 +394,9 @@ def test_figures_chunk_by_chunk_equal_the_whole_array(rng, monkeypatch):
     t = _thresholds(cosine_rule="noise")
     whole = m.logit_figures(ref, tgt, t, noise)
     monkeypatch.setattr(m, "CHUNK_ENTRIES", 3 * 50)
-    assert len(m._chunks(37, 50)) == 13
+    sizes = []
+    m.by_rows(lambda r: sizes.append(len(r)) or r[:, 0], ref)
+    assert sorted(sizes) == [1] + [3] * 12
     chunked = m.logit_figures(ref.astype(np.float64), tgt, t, noise)
     assert chunked[1].keys() == whole[1].keys()
     for name, check in whole[1].items():
@@ -410,15 +412,15 @@ def test_median_of_entries_is_exact_in_chunks(rng, monkeypatch, shape):
     a = rng.normal(size=shape)
     b = a + rng.normal(size=shape) * 0.1
     a[0, 0] = 0.0
-    whole = float(np.median(m._logit_entries(a, b)))
+    whole = float(np.median(m.logit_entries(a, b)))
     monkeypatch.setattr(m, "CHUNK_ENTRIES", 2 * shape[1])
-    assert m.median_of_entries(m._logit_entries, a, b) == whole
+    assert m.median_of_entries(m.logit_entries, a, b) == whole
 
 
 def test_median_of_entries_brackets_a_sampled_median_exactly(rng, monkeypatch):
     """Past 2^20 entries the median is bracketed from a strided sample: still exact."""
     a = rng.normal(size=(1100, 1001))
     b = a + rng.standard_cauchy(size=a.shape) * 0.01
-    whole = float(np.median(m._logit_entries(a, b)))
+    whole = float(np.median(m.logit_entries(a, b)))
     monkeypatch.setattr(m, "CHUNK_ENTRIES", 64 * 1001)
-    assert m.median_of_entries(m._logit_entries, a, b) == whole
+    assert m.median_of_entries(m.logit_entries, a, b) == whole
