@@ -14,9 +14,11 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(7)
 
 
-def _scored(rows: np.ndarray, tokens: list[int]) -> tuple[list[int], list[float]]:
-    """What vLLM returns for a request whose rows are `rows`: the raw logit of each scored token."""
-    return tokens, [float(rows[i, t]) for i, t in enumerate(tokens)]
+def _scored(rows: np.ndarray, tokens: list[int], top_k: int = 2) -> list[dict[int, float]]:
+    """What vLLM returns for a request whose rows are `rows`: the raw logit of each
+    scored token and of the row's top-k."""
+    return [{int(t): float(rows[i, t]) for t in [token, *np.argsort(-rows[i])[:top_k]]}
+            for i, token in enumerate(tokens)]
 
 
 def test_rows_of_interleaved_requests_and_discarded_samples_are_assigned(rng):
@@ -45,9 +47,19 @@ def test_a_missing_row_is_an_error_not_a_misalignment(rng):
         capture.assign_rows(a[:2], [_scored(a, [0, 1, 2])])
     # A value off by one float32 ulp is not the row vLLM scored.
     wrong = _scored(a, [0, 1, 2])
-    wrong[1][2] = float(np.nextafter(np.float32(wrong[1][2]), np.float32(np.inf)))
+    wrong[2][2] = float(np.nextafter(np.float32(wrong[2][2]), np.float32(np.inf)))
     with pytest.raises(capture.CaptureError):
         capture.assign_rows(a, [wrong])
+
+
+def test_a_shared_value_at_the_scored_token_does_not_misassign(rng):
+    """Low-precision logits take few values: another request's row may hold the
+    same value at this request's scored token. The top-k beside it tells them apart
+    (seen with a degenerate fp16 GPTQ model: two of eight requests lost their rows)."""
+    a, b = rng.normal(size=(1, 8)).astype(np.float32), rng.normal(size=(1, 8)).astype(np.float32)
+    b[0, 3] = a[0, 3]  # b's row holds a's scored value at a's scored token
+    index = capture.assign_rows(np.concatenate([b, a]), [_scored(a, [3]), _scored(b, [5])])
+    assert index[0].tolist() == [1] and index[1].tolist() == [0]
 
 
 class _Head(torch.nn.Module):

@@ -23,6 +23,7 @@ import pytest
 
 from npu_conformance.cards import load_catalog
 from npu_conformance.compare import metrics
+from npu_conformance.engines.capture import SIGNATURE_TOP_K
 from npu_conformance.engines.reference import reference_results, tokenize_prompts
 from npu_conformance.engines.target import VllmRunner
 from npu_conformance.platform import Platform
@@ -75,10 +76,11 @@ def test_capture_and_comparison_against_a_plain_prefill(benchmark: Any, pytestco
             start = time.perf_counter()
             runner.generate([sequence], SamplingParams(temperature=0.0, max_tokens=1))
             times["prefill"].append(time.perf_counter() - start)
-            # vLLM's own pass over every position's logits (one log-prob each), not recorded:
+            # vLLM's own pass over every position's logits (the capture's few log-probs each), not recorded:
             # what the capture adds to it is the recording and the read-back.
             start = time.perf_counter()
-            runner.generate([sequence], SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0))
+            runner.generate([sequence], SamplingParams(temperature=0.0, max_tokens=1,
+                                                       prompt_logprobs=SIGNATURE_TOP_K))
             times["logits"].append(time.perf_counter() - start)
             start = time.perf_counter()
             [logits], peak = _peak_rss_over(lambda: runner.teacher_forced([sequence]))

@@ -6,10 +6,10 @@ positions cost 849 s and 6.2 GB against 12.4 s for the prefill itself. So the
 worker records every row its model's `compute_logits` produces, as float32, to
 a file the runner names (`LogitsRecorder`, installed through the suite's worker
 extension: in-process, and in each worker process of a multiprocess or TP
-engine). The engine is asked for one log-prob per row only (`prompt_logprobs=0`,
-`logprobs=0`), which in `raw_logits` mode is the raw logit of the token vLLM
-scored there. `assign_rows` then gives each request its rows by that figure,
-compared exactly: it needs no knowledge of how vLLM orders its calls, batches
+engine). The engine is asked for a few log-probs per row only (the scored token
+and the top SIGNATURE_TOP_K), which in `raw_logits` mode are raw logits.
+`assign_rows` then gives each request its rows by those figures, compared
+exactly: it needs no knowledge of how vLLM orders its calls, batches
 requests or chunks a prefill, and a row that vLLM computes and discards (the
 sample of a partial prefill chunk) matches no request. A request left without
 its rows is an error, never a silent misalignment.
@@ -18,7 +18,7 @@ its rows is an error, never a silent misalignment.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,30 +104,41 @@ def gather_rows(record: dict[str, Any], index: np.ndarray, columns: int) -> np.n
     return out
 
 
-def assign_rows(rows: np.ndarray, requests: Sequence[tuple[Sequence[int], Sequence[float]]]) -> list[np.ndarray]:
-    """Indices into `rows` of each request's rows, in order. A request is the
-    (token, value) vLLM returned for each of its rows: row i of a request is the
-    next recorded row whose entry at token i equals value i, bit for bit (float32).
-    Raises CaptureError where a request's rows are not all found."""
+# Entries vLLM returns per row beside the scored token (its top-k): the row's
+# signature. One entry alone is too weak in bf16 and fp16, whose logits take few
+# distinct values: a degenerate model (a GPTQ zero-point bug) gave rows of two
+# requests the same value at each other's tokens, and one was taken for the other.
+SIGNATURE_TOP_K = 5
+
+Row = Mapping[int, float]
+
+
+def assign_rows(rows: np.ndarray, requests: Sequence[Sequence[Row]]) -> list[np.ndarray]:
+    """Indices into `rows` of each request's rows, in order. A request is, for each
+    of its rows, the {token: value} vLLM returned there (the scored token and its
+    top-k): row i of a request is the next recorded row whose entries at those
+    tokens equal those values, bit for bit (float32). Raises CaptureError where a
+    request's rows are not all found."""
+    wanted = [[(np.fromiter(row.keys(), dtype=np.int64, count=len(row)),
+                np.fromiter(row.values(), dtype=np.float32, count=len(row))) for row in request]
+              for request in requests]
     cursors = [0] * len(requests)
     found: list[list[int]] = [[] for _ in requests]
-    wanted = [(np.asarray(t, dtype=np.int64), np.asarray(v, dtype=np.float32)) for t, v in requests]
-    open_requests = [r for r, (tokens, _) in enumerate(wanted) if len(tokens)]
+    open_requests = [r for r, request in enumerate(wanted) if request]
     for i in range(rows.shape[0]):
         if not open_requests:
             break
         row = rows[i]
         for r in open_requests:
-            tokens, values = wanted[r]
-            c = cursors[r]
-            if row[tokens[c]] == values[c]:
+            tokens, values = wanted[r][cursors[r]]
+            if np.array_equal(row[tokens], values):
                 found[r].append(i)
-                cursors[r] = c + 1
-                if cursors[r] == len(tokens):
+                cursors[r] += 1
+                if cursors[r] == len(wanted[r]):
                     open_requests.remove(r)
                 break
     if open_requests:
-        short = ", ".join(f"request {r}: {cursors[r]} of {len(wanted[r][0])} rows" for r in open_requests)
+        short = ", ".join(f"request {r}: {cursors[r]} of {len(wanted[r])} rows" for r in open_requests)
         raise CaptureError(f"the recorded logits ({rows.shape[0]} rows) do not hold every row asked for ({short}): "
                            "vLLM computed these logits elsewhere than the model's compute_logits")
     return [np.asarray(f, dtype=np.int64) for f in found]

@@ -4,7 +4,7 @@ The runner takes the full raw logit vector of every position: of the
 free-running greedy output, and of the teacher-forced prompt positions when the
 reference continuation is fed back as the prompt. Its workers record them as
 arrays (engines.capture); vLLM, built with `logprobs_mode="raw_logits"`, returns
-one raw logit per position, by which the rows are matched to the requests.
+a few raw logits per position, by which the rows are matched to the requests.
 After boot the runner holds the engine's evidence (engines.evidence): what vLLM
 actually instantiated.
 """
@@ -194,8 +194,8 @@ class VllmRunner:
             model=str(checkpoint),
             dtype=dtype,
             trust_remote_code=trust_remote_code,
-            # The one log-prob per position that the runner asks for is then the
-            # raw logit by which engines.capture matches the recorded rows.
+            # The few log-probs per position that the runner asks for are then the
+            # raw logits by which engines.capture matches the recorded rows.
             logprobs_mode="raw_logits",
             max_logprobs=-1,
             # Per-request metrics (TTFT, TPOT) for the perf tests; LLM turns them off by default.
@@ -281,10 +281,10 @@ class VllmRunner:
         return outputs
 
     def scored(self, prompts: list[list[int]], params: Any,
-               scores: Callable[[list[int], Any], tuple[list[int], list[float]]]) -> list[tuple[Any, np.ndarray]]:
+               scores: Callable[[list[int], Any], list[dict[int, float]]]) -> list[tuple[Any, np.ndarray]]:
         """Run `prompts` while the workers record every logit row (engines.capture):
         each output with its rows [n, V], which `scores(prompt, output)` names by
-        (token, raw logit) of each row, as vLLM returned them."""
+        the {token: raw logit} vLLM returned for each row."""
         with tempfile.TemporaryDirectory(prefix="conformance-logits-", dir=capture.RECORD_DIR) as folder:
             self.llm.collective_rpc("conformance_record", args=(folder,))
             try:
@@ -303,11 +303,11 @@ class VllmRunner:
         """Free-running greedy continuations with the raw logits that chose each token."""
         from vllm import SamplingParams
 
-        def scores(prompt: list[int], out: Any) -> tuple[list[int], list[float]]:
-            completion = out.outputs[0]
-            return list(completion.token_ids), [p[t].logprob for t, p in zip(completion.token_ids, completion.logprobs)]
+        def scores(prompt: list[int], out: Any) -> list[dict[int, float]]:
+            return [{t: p.logprob for t, p in position.items()} for position in out.outputs[0].logprobs]
 
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                                logprobs=capture.SIGNATURE_TOP_K)
         return [(list(out.outputs[0].token_ids), logits) for out, logits in self.scored(prompts, params, scores)]
 
     def hidden_states(self, prompt_ids: list[int]) -> dict[str, np.ndarray]:
@@ -328,9 +328,9 @@ class VllmRunner:
         prefill): row j predicts sequence[j + 1], as the reference's rows do."""
         from vllm import SamplingParams
 
-        def scores(sequence: list[int], out: Any) -> tuple[list[int], list[float]]:
+        def scores(sequence: list[int], out: Any) -> list[dict[int, float]]:
             # prompt_logprobs[j] scores token j given tokens < j (None at 0).
-            return sequence[1:], [p[t].logprob for t, p in zip(sequence[1:], out.prompt_logprobs[1:])]
+            return [{t: p.logprob for t, p in position.items()} for position in out.prompt_logprobs[1:]]
 
-        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=capture.SIGNATURE_TOP_K)
         return [logits for _, logits in self.scored(sequences, params, scores)]
