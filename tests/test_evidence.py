@@ -53,22 +53,91 @@ def test_transformers_backend_is_refused(conformance, platform: Platform, pytest
     assert proc.returncode == 0 and line, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     evidence = json.loads(line.removeprefix("EVIDENCE "))
     rules = dict(architecture=card.architecture, dtype=card.dtype, patch=None, quant_path="auto",
-                 tensor_parallel_size=1)
+                 tensor_parallel_size=1, attention_backends=card.platform(platform.name).attention_backends)
     refused = evidence_rules.judge(evidence, allow_fallback=False, **rules)
     assert not refused["passed"], evidence
     assert any("not its native" in p and evidence["model_class"] in p for p in refused["problems"]), refused
     assert evidence_rules.judge(evidence, allow_fallback=True, **rules)["passed"]
 
 
+# A faithful bf16 engine's evidence, and the rules of a card that claims it.
+EVIDENCE = {"architecture": "LlamaForCausalLM", "native_class": "llama", "model_class": "llama", "dtype": "bfloat16",
+            "parameter_dtypes": {"bfloat16": 20}, "attention_backends": ["CPU_ATTN"],
+            "quantization": {"path": "none", "reason": "the checkpoint is not quantized"},
+            "tensor_parallel_size": 1, "ranks": 1}
+RULES = dict(architecture="LlamaForCausalLM", dtype="bfloat16", patch=None, quant_path="auto", allow_fallback=False,
+             tensor_parallel_size=1, attention_backends=("CPU_ATTN",))
+
+
+@pytest.mark.unit
+def test_faithful_evidence_passes() -> None:
+    assert evidence_rules.judge(EVIDENCE, **RULES) == {"passed": True, "problems": [], "allowed_quant_paths": ["none"]}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("dtypes, quantized, refused", [
+    ({"float32": 20}, False, True),  # the whole model loaded in float32, the card says bf16
+    ({"bfloat16": 18, "float32": 2}, False, True),  # a layer left in float32
+    ({"bfloat16": 12, "float8_e4m3fn": 4, "float32": 4}, True, False),  # FP8 weights and their float32 scales
+    ({"bfloat16": 12, "float16": 4}, True, True),  # scales in another half dtype
+    ({"int32": 8, "float32": 8}, True, True),  # nothing in the card's dtype
+])
+def test_parameters_must_load_in_the_cards_dtype(dtypes: dict[str, int], quantized: bool, refused: bool) -> None:
+    quant = {"path": "kernel", "reason": "vLLM"} if quantized else EVIDENCE["quantization"]
+    rules = {**RULES, "patch": "fp8_block"} if quantized else RULES
+    judged = evidence_rules.judge({**EVIDENCE, "parameter_dtypes": dtypes, "quantization": quant}, **rules)
+    assert judged["passed"] is not refused, judged
+    assert refused == any("the parameters loaded as" in p for p in judged["problems"]), judged
+
+
+@pytest.mark.unit
+def test_a_mix_of_kernel_and_patch_fails_every_quant_path() -> None:
+    from npu_conformance.engines.evidence import quant_path
+
+    worker = {"patch_records": [{"patch": "gptq", "tensors": 6}], "kernels": {"CPUWNA16LinearKernel": 2},
+              "linear_methods": {"GPTQLinearMethod": 2, "UnquantizedLinearMethod": 6}}
+    quant = quant_path(worker, [])
+    assert quant["path"] == "mixed" and "dequantized 6 tensors while 2 layers kept" in quant["reason"]
+    for path in ("auto", "patch", "kernel"):
+        judged = evidence_rules.judge({**EVIDENCE, "dtype": "float16", "parameter_dtypes": {"float16": 9, "int32": 4},
+                                       "quantization": quant},
+                                      **{**RULES, "dtype": "float16", "patch": "gptq", "quant_path": path})
+        assert not judged["passed"] and any("by path 'mixed'" in p for p in judged["problems"]), judged
+    # Patched throughout: every quantized layer became a plain one.
+    whole = quant_path({**worker, "linear_methods": {"UnquantizedLinearMethod": 8}}, [])
+    assert whole["path"] == "patch"
+
+
+@pytest.mark.unit
+def test_attention_backend_must_be_one_the_platform_allows() -> None:
+    other = evidence_rules.judge({**EVIDENCE, "attention_backends": ["TORCH_SDPA"]}, **RULES)
+    assert other["problems"] == ["attention ran through TORCH_SDPA; the card allows CPU_ATTN on this platform"]
+    none_allowed = evidence_rules.judge(EVIDENCE, **{**RULES, "attention_backends": ()})
+    assert not none_allowed["passed"] and "allows no attention backend" in none_allowed["problems"][0]
+
+
+@pytest.mark.unit
+def test_missing_evidence_fails_the_evidence_and_the_reported_verdict(tmp_path: Path) -> None:
+    lacking = {k: v for k, v in EVIDENCE.items() if k != "parameter_dtypes"}
+    judged = evidence_rules.judge(lacking, **RULES)
+    assert not judged["passed"] and judged["problems"] == ["the engine's evidence lacks parameter_dtypes: nothing "
+                                                           "to judge"]
+    from npu_conformance.cards import load_catalog
+    from npu_conformance.report import PrecisionReport
+
+    report = PrecisionReport()
+    card = load_catalog()[CARD]
+    report.add_prompt(card, "p", "text", {"passed": True})
+    written = json.loads(report.write(tmp_path, None).read_text())
+    assert written["models"][CARD]["verdict"] == "fail"  # passing figures, no evidence
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize("card_tp, ran_tp, ranks, refused", [(2, 2, 2, False), (2, 1, 1, True), (2, 2, 1, True),
                                                              (1, 1, 1, False)])
 def test_tensor_parallelism_must_be_what_the_card_says(card_tp: int, ran_tp: int, ranks: int, refused: bool) -> None:
-    evidence = {"architecture": "LlamaForCausalLM", "native_class": "llama", "model_class": "llama",
-                "dtype": "float32", "attention_backends": ["CPU_ATTN"], "quantization": {"path": "none"},
-                "tensor_parallel_size": ran_tp, "ranks": ranks}
-    judged = evidence_rules.judge(evidence, architecture="LlamaForCausalLM", dtype="float32", patch=None,
-                                  quant_path="auto", allow_fallback=False, tensor_parallel_size=card_tp)
+    evidence = {**EVIDENCE, "tensor_parallel_size": ran_tp, "ranks": ranks}
+    judged = evidence_rules.judge(evidence, **{**RULES, "tensor_parallel_size": card_tp})
     assert judged["passed"] is not refused, judged
     assert refused == any("tensor parallel" in p for p in judged["problems"]), judged
 

@@ -61,12 +61,19 @@ def native_class(architecture: str) -> str | None:
 
 def quant_path(worker: dict[str, Any], decisions: list[dict[str, Any]]) -> dict[str, Any]:
     """Which path loaded the quantized layers and why: `patch` (the load-time
-    dequantization ran), `kernel` (vLLM's own quantized layers), or `none`."""
+    dequantization ran), `kernel` (vLLM's own quantized layers), `mixed` (both:
+    no card allows it), or `none`."""
     reason = decisions[-1]["reason"] if decisions else None
-    if worker["patch_records"]:
-        return {"path": "patch", "patch": worker["patch_records"][-1]["patch"], "reason": reason,
-                "tensors": worker["patch_records"][-1]["tensors"]}
     quantized = {m: n for m, n in worker["linear_methods"].items() if not m.startswith("Unquantized")}
+    if worker["patch_records"]:
+        record = worker["patch_records"][-1]
+        if quantized:
+            # Some layers dequantized at load, others left to vLLM's kernels: neither path's figures.
+            return {"path": "mixed", "patch": record["patch"], "tensors": record["tensors"], "methods": quantized,
+                    "kernels": worker["kernels"],
+                    "reason": f"the {record['patch']} patch dequantized {record['tensors']} tensors while "
+                              f"{sum(quantized.values())} layers kept vLLM's quantized methods {quantized}"}
+        return {"path": "patch", "patch": record["patch"], "reason": reason, "tensors": record["tensors"]}
     if quantized:
         return {"path": "kernel", "methods": quantized, "kernels": worker["kernels"],
                 "reason": reason or "vLLM loaded the checkpoint's quantization itself"}
