@@ -506,7 +506,19 @@ class PlatformSettings(_Section):
     engine: EngineOptions = Field(default_factory=dict)
     env: EnvVars = Field(default_factory=dict)
     perf: PerfSpec | None = None
+    # Why the card has no perf gate on this platform (another card measures the
+    # same engine): a strict run skips its perf cases only with a reason given.
+    perf_exempt: StrictStr | None = None
+    # The attention backends an engine may run on this platform (their get_name()):
+    # evidence of another one fails the card.
+    attention_backends: tuple[StrictStr, ...] = ()
     parts: dict[StrictStr, DevicePart] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _exempt_without_perf(self) -> "PlatformSettings":
+        if self.perf_exempt is not None and self.perf is not None:
+            raise ValueError("perf_exempt gives why the card has no perf gate: set perf: null with it")
+        return self
 
 
 class DiagnosisSpec(_Section):

@@ -5,12 +5,13 @@ engine, reference and server fixtures live in the repo's fixtures/ folder."""
 
 from __future__ import annotations
 
+import argparse
 import collections
 import json
 import os
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -22,7 +23,7 @@ from npu_conformance.changes import ChangedCards, ChangesError, changed_cards
 from npu_conformance.compare.precision import summary_line
 from npu_conformance.baselines import BASELINES_DIR
 from npu_conformance.perf import perf_batch_sizes, perf_cards
-from npu_conformance.platform import Platform, detect, force_isa
+from npu_conformance.platform import Platform, detect, expectation_error, force_isa
 from npu_conformance.report import PrecisionReport
 
 
@@ -65,9 +66,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--perf-baselines", type=Path, default=BASELINES_DIR, metavar="DIR",
                     help="where the cards' perf baselines are read and recorded, as DIR/<card>.json "
                          "(default: the shipped npu_conformance/data/perf_baselines)")
+    group.addoption("--strict-gate", action=argparse.BooleanOptionalAction, default=None,
+                    help="a selected card that produces no verdict fails, naming why (no weights, no device, memory "
+                         "not freed, no kernel, no perf baseline) instead of skipping (default: on where the "
+                         f"environment sets CI, else off; env {STRICT_ENV}=1/0 decides over CI)")
+    group.addoption("--expect-platform", metavar="NAME",
+                    help="fail at start unless vLLM's platform is NAME (npu, cpu, cuda) and comes from the plugin "
+                         "npu_conformance/data/platforms.yaml names for it (vllm-ascend for npu)")
     group.addoption("--devices", metavar="LIST",
                     help="devices to split across xdist workers, as 0-7 or 0,2,4 (default: every device the "
                          "platform reports)")
+
+
+STRICT_ENV = "NPU_CONFORMANCE_STRICT"
+
+
+def strict_default(environ: dict[str, str]) -> bool:
+    """Strict where the run is a gate: a CI job, unless NPU_CONFORMANCE_STRICT says otherwise."""
+    if (value := environ.get(STRICT_ENV)) is not None:
+        if value not in ("0", "1"):
+            raise pytest.UsageError(f"{STRICT_ENV}={value!r}: 1 (strict) or 0 (skips stay skips)")
+        return value == "1"
+    return environ.get("CI", "").lower() not in ("", "0", "false")
 
 
 PATH_OPTIONS = ("model_path", "reference_path", "report_dir", "cache_dir", "weights_dir", "catalog", "perf_baselines")
@@ -92,6 +112,8 @@ class ConformanceSession:
             self.devices = devices.parse(spec) if spec else None
         except devices.DeviceError as exc:
             raise pytest.UsageError(str(exc)) from None
+        strict = config.getoption("strict_gate")
+        self.strict: bool = strict_default(dict(os.environ)) if strict is None else strict
         self.report = PrecisionReport()
         # Engine boots per card, and the cards whose engine is refused for the rest
         # of the run: card name -> ("fail", boot error) or ("skip", reason).
@@ -133,6 +155,15 @@ class ConformanceSession:
             source = WeightSource("path", str(ref.resolve()))
             selected = {n: c.model_copy(update={"reference_weights": source}) for n, c in selected.items()}
         return selected
+
+    def unavailable(self, card: Card, reason: str) -> NoReturn:
+        """`card` cannot produce this verdict here: a skip that says why, or in
+        strict mode, for a card the run selected, a failure (a gate that skips its
+        cards gates nothing). The sensitivity cards a run picks itself skip."""
+        if self.strict and card.base_name in self.selected:
+            pytest.fail(f"strict gate: {reason} (a selected card must produce verdicts; run without "
+                        f"--strict-gate, or with {STRICT_ENV}=0, to let it skip)", pytrace=False)
+        pytest.skip(reason)
 
     def card(self, name: str) -> Card:
         """A card by name, or a variant of one (`<card>+<condition>`)."""
@@ -232,6 +263,8 @@ def pytest_configure(config: pytest.Config) -> None:
         force_isa()
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if (expected := config.getoption("expect_platform")) and (problem := expectation_error(detect(), expected)):
+        raise pytest.UsageError(problem)
     config.stash[SESSION] = ConformanceSession(config)
 
 
@@ -321,10 +354,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    changes = session_of(config).changes if SESSION in config.stash else None
-    if changes is None:
+    if SESSION not in config.stash:
         return []
-    return [*changes.describe(), f"selected: {', '.join(session_of(config).selected) or 'no card'}"]
+    session = session_of(config)
+    lines = [f"strict gate: {'on (a selected card that cannot run fails)' if session.strict else 'off (skips stay skips)'}"]
+    if session.changes is not None:
+        lines += [*session.changes.describe(), f"selected: {', '.join(session.selected) or 'no card'}"]
+    return lines
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

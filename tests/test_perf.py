@@ -20,6 +20,7 @@ from npu_conformance import baselines, perf
 from npu_conformance.cards import Card, PerfSpec
 from npu_conformance.engines.target import NO_TELEMETRY, VllmRunner
 from npu_conformance.platform import Platform
+from npu_conformance.plugin import ConformanceSession
 
 
 @pytest.fixture(scope="session")
@@ -33,19 +34,26 @@ def perf_report(pytestconfig: pytest.Config, platform: Platform) -> Iterator[per
 
 # Session scope, and listed before `target` by the tests: a card without perf
 # settings is skipped before its engine boots.
+def _no_case(card: Card, found: perf.NoCase, conformance: ConformanceSession) -> None:
+    if found.gap:
+        conformance.unavailable(card, found.reason)
+    pytest.skip(found.reason)
+
+
 @pytest.fixture(scope="session")
-def perf_spec(card: Card, platform: Platform) -> PerfSpec:
-    if reason := perf.skip_reason(card, platform.name):
-        pytest.skip(reason)
+def perf_spec(card: Card, platform: Platform, conformance: ConformanceSession) -> PerfSpec:
+    if found := perf.skip_reason(card, platform.name):
+        _no_case(card, found, conformance)
     return card.platform(platform.name).perf
 
 
 @pytest.fixture(scope="session")
-def batch(card: Card, platform: Platform, perf_spec: PerfSpec, perf_case: tuple[str, int | None]) -> int:
+def batch(card: Card, platform: Platform, perf_spec: PerfSpec, perf_case: tuple[str, int | None],
+          conformance: ConformanceSession) -> int:
     """The case's batch size (conftest parametrizes perf_case as (card name, batch size))."""
     batch_size = perf_case[1]
-    if reason := perf.skip_reason(card, platform.name, batch_size):
-        pytest.skip(reason)
+    if found := perf.skip_reason(card, platform.name, batch_size):
+        _no_case(card, found, conformance)
     return batch_size
 
 
@@ -127,7 +135,8 @@ def test_throughput(perf_spec: PerfSpec, batch: int, card: Card, platform: Platf
                     perf_model: dict[str, Any], perf_report: perf.PerfReport, calibration: perf.Calibration,
                     versions: dict[str, str], card_baselines: Callable[[str], baselines.BaselineFile],
                     clean_runs: dict[tuple[str, int], perf.Measurement], timed: Any,
-                    request: pytest.FixtureRequest, pytestconfig: pytest.Config) -> None:
+                    request: pytest.FixtureRequest, pytestconfig: pytest.Config,
+                    conformance: ConformanceSession) -> None:
     """Median output tok/s at the card's exact lengths, and its ratio to the
     calibration, within the gate's tolerance of the recorded baseline."""
     timed.group = card.name
@@ -139,13 +148,17 @@ def test_throughput(perf_spec: PerfSpec, batch: int, card: Card, platform: Platf
     lengths_ok, lengths = perf.check_lengths(m, perf_spec)
     figures = {**perf.case_figures(card, platform, m, gate, perf_model), "calibration": calibration.describe()}
     timed.extra_info.update(figures)
-    if pytestconfig.getoption("perf_record") and lengths_ok:
+    recording = pytestconfig.getoption("perf_record")
+    # A failing run is not recorded: a baseline must not drift down with the slowdown it should catch.
+    if recording and lengths_ok and gate.verdict != "fail":
         figures["recorded_to"] = str(baselines.record(card.base_name, key, versions, m.as_run(),
                                                       pytestconfig.getoption("perf_baselines")))
     perf_report.add_case(request.node.nodeid, figures, gate.verdict if lengths_ok else "fail",
                          gate.message if lengths_ok else f"{lengths}; {gate.message}")
     assert lengths_ok, lengths
-    assert gate.passed, gate.message
+    assert gate.passed, gate.message + ("; not recorded (--perf-record keeps passing runs only)" if recording else "")
+    if gate.verdict == "measured" and not recording:
+        conformance.unavailable(card, f"no perf baseline for {card.name} at batch {batch} on {key.device}: {gate.message}")
 
 
 @pytest.mark.perf
@@ -385,12 +398,13 @@ def test_a_host_reads_only_its_own_devices_baselines():
     from npu_conformance.cards import load_catalog
     from npu_conformance.platform import Platform
 
-    npu = Platform(name="npu", device_name="Ascend910B4", host="Linux aarch64", versions={}, device_count=8)
+    npu = Platform(name="npu", plugin="vllm_ascend", device_name="Ascend910B4", host="Linux aarch64", versions={},
+                   device_count=8)
     assert npu.perf_device == "Ascend910B4"
-    avx512 = Platform(name="cpu", device_name="Intel(R) Xeon(R) Processor", host="Linux x86_64", versions={},
-                      cpu_flags=("avx2", "avx512f"))
-    amx = Platform(name="cpu", device_name="Intel(R) Xeon(R) Processor", host="Linux x86_64", versions={},
-                   cpu_flags=("avx2", "avx512f", "amx_tile"))
+    xeon = {"name": "cpu", "plugin": "vllm", "device_name": "Intel(R) Xeon(R) Processor", "host": "Linux x86_64",
+            "versions": {}}
+    avx512 = Platform(**xeon, cpu_flags=("avx2", "avx512f"))
+    amx = Platform(**xeon, cpu_flags=("avx2", "avx512f", "amx_tile"))
     assert avx512.perf_device == "Intel(R) Xeon(R) Processor [avx2 avx512f]" != amx.perf_device
     card = load_catalog()["synthetic-llama"]
     spec = card.platform("cpu").perf
@@ -446,10 +460,15 @@ def test_batch_sizes_and_skips():
     npu = card.platform("npu").perf.batch_sizes
     assert set(npu) <= set(perf.perf_batch_sizes(card))
     assert perf.skip_reason(card, "npu", npu[0]) is None
-    assert "not in granite-4.1-8b's npu perf batch_sizes" in perf.skip_reason(card, "npu", 3)
+    other = perf.skip_reason(card, "npu", 3)
+    assert "not in granite-4.1-8b's npu perf batch_sizes" in other.reason and not other.gap
     bare = card.model_copy(update={"platforms": {"npu": PlatformSettings()}})
     assert perf.perf_batch_sizes(bare) == [None]
-    assert perf.skip_reason(bare, "npu") == "granite-4.1-8b has no perf settings for platform npu"
+    gap = perf.skip_reason(bare, "npu")
+    assert gap.gap and gap.reason.startswith("granite-4.1-8b has no perf settings for platform npu")
+    exempt = card.model_copy(update={"platforms": {"npu": PlatformSettings(perf_exempt="measured by another card")}})
+    assert perf.skip_reason(exempt, "npu") == perf.NoCase(
+        "granite-4.1-8b is exempt from the perf gate on npu: measured by another card", False)
 
 
 @pytest.mark.unit
