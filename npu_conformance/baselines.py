@@ -1,7 +1,7 @@
 """Recorded throughput baselines, one JSON file per card in data/perf_baselines/.
 
 An entry is what one card measured on one device: keyed by platform, device,
-engine mode, batch size and lengths, with the library versions it ran with and
+engine mode, quantization path and kernel, batch size and lengths, with the library versions it ran with and
 its recorded runs (each run: the median of its rounds, absolute and normalized
 to the host-speed calibration). The gate (perf.judge) reads the median of the
 runs and their spread, the noise band. `pytest -m perf --perf-record` appends
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import json
 import statistics
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -25,7 +26,9 @@ from npu_conformance.report import write_json
 
 BASELINES_DIR = Path(__file__).parent / "data" / "perf_baselines"
 SETTINGS_FILE = Path(__file__).parent / "data" / "perf.yaml"
-FORMAT = 1
+# 2: keys name the quantization path and kernel (format 1 had none: the GPTQ
+# baselines once measured the patch's dense layers where the kernel now runs).
+FORMAT = 2
 Mode = Literal["eager", "graph"]
 
 
@@ -53,6 +56,8 @@ class Key(_Model):
     platform: str
     device: str
     mode: Mode
+    # How the quantized layers ran (perf.quant_key): none, patch:<patch>, kernel:<kernels>.
+    quant: str
     batch_size: Annotated[int, Field(gt=0)]
     input_len: Annotated[int, Field(gt=0)]
     output_len: Annotated[int, Field(gt=0)]
@@ -97,7 +102,7 @@ class Entry(_Model):
 
 
 class BaselineFile(_Model):
-    format: Literal[1]
+    format: Literal[2]
     card: str
     entries: tuple[Entry, ...] = ()
 
@@ -112,7 +117,25 @@ def load(card: str, directory: Path = BASELINES_DIR) -> BaselineFile:
     file = path_for(card, directory)
     if not file.exists():
         return BaselineFile(format=FORMAT, card=card)
-    loaded = validated(BaselineFile, read_json(file, "perf baseline"), file, "perf baseline")
+    return _checked(card, read_json(file, "perf baseline"), file)
+
+
+def load_text(card: str, text: str | None, origin: str) -> BaselineFile:
+    """The card's baselines from `text` (a file's content at some commit; None: no
+    such file there), each entry's source naming `origin`."""
+    if text is None:
+        return BaselineFile(format=FORMAT, card=card)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CardError(Path(origin), "<json>", f"not valid JSON: {exc}", "perf baseline") from None
+    loaded = _checked(card, data, Path(origin))
+    return loaded.model_copy(update={"entries": tuple(e.model_copy(update={"source": f"{e.source} ({origin})"})
+                                                      for e in loaded.entries)})
+
+
+def _checked(card: str, data: Any, file: Path) -> BaselineFile:
+    loaded = validated(BaselineFile, data, file, "perf baseline")
     if loaded.card != card:
         raise CardError(file, "card", f"must be {card!r} (the file's name), got {loaded.card!r}", "perf baseline")
     return loaded

@@ -78,10 +78,21 @@ def calibration(calibration_checkpoint: Path, platform: Platform) -> perf.Calibr
 
 
 @pytest.fixture(scope="session")
-def card_baselines(pytestconfig: pytest.Config) -> Callable[[str], baselines.BaselineFile]:
-    """A card's recorded baselines, read from --perf-baselines (a malformed file fails its card's cases)."""
+def card_baselines(pytestconfig: pytest.Config,
+                   conformance: ConformanceSession) -> Callable[[str], baselines.BaselineFile]:
+    """A card's recorded baselines, read from --perf-baselines (a malformed file
+    fails its card's cases); where the run's --changed-since change touches them,
+    the merge base's: a change is judged against the bar it found, and its own new
+    entries are only recorded."""
     directory = pytestconfig.getoption("perf_baselines")
-    return lambda name: baselines.load(name, directory)
+
+    def read(name: str) -> baselines.BaselineFile:
+        changes = conformance.changes
+        if changes is not None and (path := changes.changed_baseline(name)):
+            return baselines.load_text(name, changes.at_base(path), f"{path} at merge base {changes.base[:12]}")
+        return baselines.load(name, directory)
+
+    return read
 
 
 @pytest.fixture(scope="session")
@@ -124,8 +135,9 @@ def _record_hint(card: Card) -> str:
 
 
 def _baseline(card: Card, platform: Platform, spec: PerfSpec, batch: int, versions: dict[str, str],
-              card_baselines: Callable[[str], baselines.BaselineFile]) -> tuple[baselines.Key, baselines.Entry | None]:
-    key = perf.baseline_key(card, platform, spec, batch)
+              card_baselines: Callable[[str], baselines.BaselineFile],
+              target: VllmRunner) -> tuple[baselines.Key, baselines.Entry | None]:
+    key = perf.baseline_key(card, platform, spec, batch, perf.quant_key(target.evidence["quantization"]))
     return key, baselines.find(card_baselines(card.base_name), key, versions)
 
 
@@ -143,7 +155,7 @@ def test_throughput(perf_spec: PerfSpec, batch: int, card: Card, platform: Platf
     rounds = perf.Rounds(target, batch, perf_spec.input_len, perf_spec.output_len, calibration)
     m = perf.measure(timed, rounds, perf_spec.rounds, perf_spec.warmup_rounds, versions)
     clean_runs[(card.name, batch)] = m
-    key, entry = _baseline(card, platform, perf_spec, batch, versions, card_baselines)
+    key, entry = _baseline(card, platform, perf_spec, batch, versions, card_baselines, target)
     gate = perf.judge(m, entry, perf_spec, _record_hint(card))
     lengths_ok, lengths = perf.check_lengths(m, perf_spec)
     figures = {**perf.case_figures(card, platform, m, gate, perf_model), "calibration": calibration.describe()}
@@ -180,7 +192,7 @@ def test_gate_under_injected_slowdown(perf_spec: PerfSpec, card: Card, platform:
     clean = clean_runs.get((card.name, batch)) or perf.time_rounds(
         perf.Rounds(target, batch, perf_spec.input_len, perf_spec.output_len, calibration),
         perf_spec.rounds, perf_spec.warmup_rounds, versions)
-    key, entry = _baseline(card, platform, perf_spec, batch, versions, card_baselines)
+    key, entry = _baseline(card, platform, perf_spec, batch, versions, card_baselines, target)
     if entry is None:
         entry = baselines.Entry(key=key, versions=versions, source="this session's clean run (none recorded)",
                                 runs=(clean.as_run(),))
@@ -201,15 +213,23 @@ def test_gate_under_injected_slowdown(perf_spec: PerfSpec, card: Card, platform:
                          perf_spec.rounds, perf_spec.warmup_rounds, versions)
     assert "step" not in vars(engine), "the engine's step was not restored"
     gate = perf.judge(m, entry, perf_spec, _record_hint(card))
+    # Normalized: a change in the host's speed between the clean and the slowed run cancels.
+    achieved = (clean.normalized / m.normalized if clean.normalized and m.normalized
+                else clean.output_tok_s / m.output_tok_s)
+    band = baselines.settings()["slowdown_self_test"]["achieved_band"]
     figures = {**perf.case_figures(card, platform, m, gate, perf_model), "calibration": calibration.describe(),
                "injected": {"factor": factor, "stretch_per_step": delay.stretch, "steps_per_round": steps,
-                            "step_share_of_round": share,
-                            "achieved_slowdown": clean.output_tok_s / m.output_tok_s},
+                            "step_share_of_round": share, "achieved_slowdown": achieved,
+                            "achieved_band": band if slowed else None},
                "expected_verdict": "fail" if slowed else "pass"}
     timed.extra_info.update(figures)
     deciding = gate.figures["gate"][gate.deciding]
     perf_report.add_case(request.node.nodeid, figures, gate.verdict, gate.message)
     if slowed:
+        assert band[0] <= achieved <= band[1], (
+            f"the injected {factor:g}x slowdown achieved {achieved:.2f}x on normalized figures, outside "
+            f"{band[0]:g}-{band[1]:g}x (data/perf.yaml slowdown_self_test): the self-test did not test the "
+            f"slowdown it claims")
         assert gate.verdict == "fail" and not deciding["passed"], (
             f"a {factor:g}x slowdown (each of {steps} steps per round stretched by {delay.stretch:.2f}x its time) "
             f"passed the gate: {gate.message}")
@@ -274,7 +294,8 @@ def _spec(**kw: Any) -> PerfSpec:
                        "slack": 0.1, "noise_k": 2.0, "detect_slowdown": 1.25, **kw})
 
 
-KEY = baselines.Key(platform="cpu", device="X [avx2]", mode="eager", batch_size=1, input_len=8, output_len=4)
+KEY = baselines.Key(platform="cpu", device="X [avx2]", mode="eager", quant="none", batch_size=1, input_len=8,
+                    output_len=4)
 
 
 def _entry(tok_s: list[float], normalized: list[float] | None = None, calibration: list[float] | None = None,
@@ -367,9 +388,11 @@ def test_record_and_find(tmp_path: Path):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("text, field", [
-    ('{"format": 1, "card": "c", "entries": [{"key": {}}]}', "entries[0].key.platform"),
-    ('{"format": 1, "card": "c", "extra": 1}', "extra"),
-    ('{"format": 1, "card": "other"}', "card"),
+    ('{"format": 2, "card": "c", "entries": [{"key": {}}]}', "entries[0].key.platform"),
+    ('{"format": 2, "card": "c", "extra": 1}', "extra"),
+    ('{"format": 2, "card": "other"}', "card"),
+    # A file of the format before keys named the quantization path: told so, not misread.
+    ('{"format": 1, "card": "c"}', "format"),
     ('{"format": 1,', "<json>"),
 ])
 def test_malformed_baseline_names_file_and_field(tmp_path: Path, text: str, field: str):
@@ -411,8 +434,8 @@ def test_a_host_reads_only_its_own_devices_baselines():
     shipped = baselines.load(card.name)
     # The shipped CPU baselines were recorded on an AVX-512 host without AMX: an AMX
     # (or AVX2-only) host finds none, and its cases are measured, not gated.
-    assert baselines.find(shipped, perf.baseline_key(card, avx512, spec, 1), {}) is not None
-    assert baselines.find(shipped, perf.baseline_key(card, amx, spec, 1), {}) is None
+    assert baselines.find(shipped, perf.baseline_key(card, avx512, spec, 1, "none"), {}) is not None
+    assert baselines.find(shipped, perf.baseline_key(card, amx, spec, 1, "none"), {}) is None
     assert perf.judge(_measured([0.04] * 3), None, spec, "hint").verdict == "measured"
 
 
