@@ -13,7 +13,8 @@ selects:
 - `<catalog>/_<name>.yaml` (`_defaults.yaml`): every card, merged over it;
 - `<prompts>/<set>.yaml`: the cards whose `prompts:` names that set;
 - `npu_conformance/data/perf_baselines/<card>.json`: that card (its recorded perf
-  baselines: a refresh is gated like any change);
+  baselines: a refresh is gated like any change, against the merge base's
+  entries: a change must not lower the bar it is judged by);
 - `patches/<patch>.py`: the cards whose `patch:` is `<patch>` (fp8_block, gptq);
 - any other file in `patches/`: every card: vLLM runs those hooks in every
   engine, around every model's quantization check and weight stream;
@@ -75,6 +76,17 @@ class ChangedCards:
     base: str  # the merge base of ref and HEAD
     changed: tuple[str, ...]
     reasons: Mapping[str, tuple[Reason, ...]]  # selected card -> the changes that select it
+    root: Path  # the repository's top
+
+    def changed_baseline(self, card: str) -> str | None:
+        """The repository path of `card`'s perf baselines, where the change touches them."""
+        path = f"{BASELINES}{card}.json"
+        return path if path in self.changed else None
+
+    def at_base(self, path: str) -> str | None:
+        """`path`'s text at the merge base (what the change is judged against), None where it did not exist."""
+        proc = subprocess.run(["git", "show", f"{self.base}:{path}"], cwd=self.root, capture_output=True, text=True)
+        return proc.stdout if proc.returncode == 0 else None
 
     @property
     def cards(self) -> list[str]:
@@ -215,7 +227,7 @@ def changed_cards(ref: str, catalog: Path, prompts: Path) -> ChangedCards:
     `catalog` is not in a git repository."""
     root, base, changed = changed_files(ref, catalog)
     reasons = select(changed, card_inputs(catalog), _relative(catalog, root), _relative(prompts, root))
-    return ChangedCards(ref, base, tuple(changed), reasons)
+    return ChangedCards(ref, base, tuple(changed), reasons, root)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -105,6 +105,12 @@ def test_platform_overrides_merge_over_common_engine_args(tmp_path):
         ({"expect": {"verdict": "fail", "caught_by": ["cosine"], "diagnosis": {"sublayer": "attn", "layer": 0}}},
          "expect.diagnosis.sublayer", "attn"),
         ({"architecture": None}, "architecture", "is required"),
+        # A real model's card cannot declare itself buggy and so leave the gate's runs.
+        ({"weights": {"modelscope": "org/m"}, "expect": {"verdict": "fail", "caught_by": ["cosine"]}},
+         "expect.verdict", "synthetic weights); this card's weights are modelscope"),
+        ({"weights": {"hf": "org/m"}, "fault": {"path": "decode", "scale": 0.1},
+          "expect": {"verdict": "fail", "caught_by": ["cosine"]}}, "expect.verdict", "this card's weights are hf"),
+        ({"platforms": {"cpu": {"perf_exempt": "measured elsewhere"}}}, "platforms.cpu", "set perf: null with it"),
     ],
 )
 def test_bad_card_names_file_and_field(tmp_path, change, field, words):

@@ -1,11 +1,15 @@
-"""The strict gate (--strict-gate, on where CI is set): a selected card that
-cannot produce a verdict fails its tests with the reason, and skips with the
-same reason otherwise. Inner pytest runs of the real suite on cards that each
-miss one thing: their weights, a device, their kernel, their perf settings,
-their perf baseline. And --expect-platform refuses the wrong platform at start."""
+"""A gate that cannot pass by not running, or by lowering its own bar.
+
+The strict gate (--strict-gate, on where CI is set): a selected card that cannot
+produce a verdict fails its tests with the reason, and skips with the same
+reason otherwise. Inner pytest runs of the real suite on cards that each miss
+one thing: their weights, a device, their kernel, their perf settings, their
+perf baseline. --expect-platform refuses the wrong platform at start. A change
+that edits a card's perf baseline is gated against the merge base's entry."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -15,7 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from npu_conformance.cards import CATALOG_DIR
+from npu_conformance import baselines, perf
+from npu_conformance.cards import CATALOG_DIR, load_catalog
+from npu_conformance.platform import Platform
 from npu_conformance.plugin import STRICT_ENV, strict_default
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,6 +35,11 @@ MISSING = {
 }
 
 
+# A perf section that times little: these tests judge the gate's logic on a real engine, not its speed.
+SMALL_PERF = {"batch_sizes": [1], "input_len": 16, "output_len": 8, "rounds": 3, "warmup_rounds": 1, "slack": 0.12,
+              "noise_k": 2.5, "detect_slowdown": 1.25}
+
+
 def _card(name: str, source: str, **changes: object) -> dict:
     card = yaml.safe_load((CATALOG_DIR / f"{source}.yaml").read_text(encoding="utf-8"))
     return {**card, "name": name, "default": False, **changes}
@@ -39,8 +50,6 @@ def catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("strict") / "catalog"
     folder.mkdir()
     shutil.copy(CATALOG_DIR / "_defaults.yaml", folder)
-    perf = {"batch_sizes": [1], "input_len": 16, "output_len": 8, "rounds": 3, "warmup_rounds": 1, "slack": 0.12,
-            "noise_k": 2.5, "detect_slowdown": 1.25}
     cards = [
         # A hub card that has never been downloaded, in an offline run.
         _card("no-weights", "llama-68m"),
@@ -51,7 +60,7 @@ def catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
         # Neither perf settings on this platform nor a reason for their absence.
         _card("no-perf", "synthetic-llama", platforms={"cpu": {"perf": None}}),
         # Measured with no recorded baseline (the run's --perf-baselines is empty).
-        _card("no-baseline", "synthetic-llama", platforms={"cpu": {"perf": perf}}),
+        _card("no-baseline", "synthetic-llama", platforms={"cpu": {"perf": SMALL_PERF}}),
     ]
     for card in cards:
         (folder / f"{card['name']}.yaml").write_text(yaml.safe_dump(card, allow_unicode=True), encoding="utf-8")
@@ -133,3 +142,54 @@ def test_expect_platform_npu_fails_here_at_start_in_one_line(tmp_path: Path) -> 
     ok = subprocess.run([*argv[:-2], "--expect-platform=cpu", f"--report-dir={tmp_path}", "tests/test_strict.py"],
                         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid", "-c",
+                    "commit.gpgsign=false", *args], cwd=repo, check=True, capture_output=True)
+
+
+@pytest.mark.harness
+def test_a_baseline_edit_is_gated_against_the_base_entry(tmp_path: Path, platform: Platform,
+                                                         pytestconfig: pytest.Config) -> None:
+    """Two commits: the base records a bar no engine here reaches; the change
+    lowers it to one any engine passes. With --changed-since the change's run is
+    judged against the base's entry and fails; the work tree's entry alone passes."""
+    repo = tmp_path / "repo"
+    catalog, recorded = repo / "npu_conformance" / "catalog", repo / baselines.BASELINES_DIR.relative_to(ROOT)
+    catalog.mkdir(parents=True)
+    recorded.mkdir(parents=True)
+    shutil.copy(CATALOG_DIR / "_defaults.yaml", catalog)
+    card_data = _card("edited", "synthetic-llama", platforms={"cpu": {"perf": SMALL_PERF}})
+    (catalog / "edited.yaml").write_text(yaml.safe_dump(card_data, allow_unicode=True), encoding="utf-8")
+    card = load_catalog(catalog)["edited"]
+    key = perf.baseline_key(card, platform, card.platform(platform.name).perf, 1, "none")
+    versions = baselines.versions_of(platform.versions)
+
+    def bar(tok_s: float, normalized: float) -> str:
+        runs = tuple(baselines.Run(recorded_at=f"2026-12-0{i}T00:00:00+00:00", rounds=3, tok_s=tok_s,
+                                   normalized=normalized, calibration_tok_s=600.0) for i in (1, 2, 3))
+        entry = baselines.Entry(key=key, versions=versions, source="test", runs=runs)
+        file = baselines.BaselineFile(format=baselines.FORMAT, card="edited", entries=(entry,))
+        return json.dumps(file.model_dump(mode="json"))
+
+    _git(repo, "init", "-q", "-b", "main")
+    (recorded / "edited.json").write_text(bar(1e6, 1e3), encoding="utf-8")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "base: the bar")
+    _git(repo, "switch", "-q", "-c", "pr")
+    (recorded / "edited.json").write_text(bar(1.0, 1e-3), encoding="utf-8")
+    _git(repo, "commit", "-q", "-am", "pr: a lower bar")
+
+    args = ["tests/test_perf.py", "-k", "test_throughput", f"--catalog={catalog}", f"--perf-baselines={recorded}"]
+    gated, context = _inner([*args, "--changed-since=main"], False, tmp_path / "gated", pytestconfig)
+    line = next((x for x in gated.stdout.splitlines() if x.startswith("FAILED")), "")
+    assert gated.returncode == 1 and "edited-bs1" in line, context
+    cases = json.loads((tmp_path / "gated" / "report" / "perf_report.json").read_text())["cases"]
+    judged = next(iter(cases.values()))
+    assert judged["verdict"] == "fail" and judged["baseline"]["tok_s"] == 1e6, judged
+    source = judged["baseline"]["source"]
+    assert "at merge base" in source and "npu_conformance/data/perf_baselines/edited.json" in source, source
+    # The same change's own entry, read as a plain run reads it: the lowered bar passes.
+    plain, context = _inner([*args, "--model=edited"], False, tmp_path / "plain", pytestconfig)
+    assert plain.returncode == 0, context
