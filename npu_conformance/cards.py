@@ -768,6 +768,11 @@ class Card(_Section):
     def _expectations_are_runnable(self) -> Card:
         if self.fault is not None and self.expect.verdict != "fail":
             raise _Problem(("fault",), "only a known-buggy card (expect.verdict: fail) is built with a fault")
+        # A real model's card that declares itself buggy would leave every gate (precision,
+        # perf, serving) for the sensitivity tests, which the gate's runs do not select.
+        if self.expect.verdict == "fail" and self.weights.kind != "synthetic":
+            raise _Problem(("expect", "verdict"), f"fail is for the suite's own buggy models (synthetic weights); "
+                                                  f"this card's weights are {self.weights.kind}")
         prompt_ids = {p.id for p in self.prompts}
         if unknown := sorted(set(self.expect.reaches) - prompt_ids):
             raise _Problem(("expect", "reaches"), f"prompts {unknown} are not in the card's prompts")
