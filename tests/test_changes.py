@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from npu_conformance.cards import CATALOG_DIR, DEFAULTS_NAME
+from npu_conformance.cards import CATALOG_DIR, DEFAULTS_NAME, load_catalog
 from npu_conformance.changes import (CARD_DATA, MACHINERY_DIRS, MACHINERY_FILES, PATCHES, ChangesError, Reason,
                                      changed_cards, runner_matrix)
 from npu_conformance.plugin import PATH_OPTIONS
@@ -346,23 +346,29 @@ def test_the_npu_job_runs_precision_then_perf_of_the_changed_cards(tmp_path: Pat
     assert npu["runs-on"] == "${{ matrix.runner }}" and "ascend" in npu["container"]["image"]
     assert npu["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
     assert npu["env"]["MODELS"] == "${{ matrix.models }}"
-    assert all("$MODELS" in argv for argv in pytest_commands(npu))
     assert ["pip", "install", "-e", ".", "--no-deps"] in commands(npu)  # as the README's Ascend host
     assert npu["env"]["BASE_REF"] == "${{ github.base_ref }}"
     known, ours = pytest_options(tmp_path)
     runs = pytest_commands(npu)
-    assert [argv[argv.index("-m") + 1] for argv in runs] == ["precision", "perf"]
+    assert [argv[argv.index("-m") + 1] for argv in runs] == ["precision", "sensitivity", "perf"]
     for argv in runs:
         options = {a.split("=", 1)[0]: a.partition("=")[2] for a in argv if a.startswith("--")}
         assert set(options) <= known, f"options pytest does not define: {set(options) - known}"
-        assert options["--changed-since"] == "origin/$BASE_REF" and "--changed-since" in ours
+        # Every run is strict, on the NPU platform from vllm-ascend or not at all.
+        assert "--strict-gate" in options and options["--expect-platform"] == "npu", argv
+        if argv[argv.index("-m") + 1] == "sensitivity":
+            # One known-buggy card, so the job shows the gate can fail on the device.
+            card = load_catalog()[options["--model"]]
+            assert card.expect.verdict == "fail" and card.weights.kind == "synthetic", card.name
+        else:
+            assert "$MODELS" in argv
+            assert options["--changed-since"] == "origin/$BASE_REF" and "--changed-since" in ours
         assert "--report-dir" in ours and options["--junit-xml"].startswith("results/")
         # A path option given as '--opt DIR' would make DIR pytest's root directory.
         for name in PATH_OPTIONS:
             flag = "--" + name.replace("_", "-")
             assert flag not in argv, f"write {flag}=VALUE"
-    assert pytest_commands(npu)[1] and dict(a.partition("=")[::2] for a in runs[1] if a.startswith("--")
-                                            )["--benchmark-json"].startswith("results/")
+    assert dict(a.partition("=")[::2] for a in runs[2] if a.startswith("--"))["--benchmark-json"].startswith("results/")
     uploads = [s["with"]["path"] for s in npu["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")]
     assert uploads == ["results/"]
     assert any("GITHUB_STEP_SUMMARY" in s.get("run", "") and "report.md" in s["run"] for s in npu["steps"])
