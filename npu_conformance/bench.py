@@ -11,27 +11,21 @@ import statistics
 import sys
 from pathlib import Path
 
+from npu_conformance import vllm_api
+
 
 def main(argv: list[str] | None = None) -> None:
-    from vllm.benchmarks.throughput import add_cli_args
-    from vllm.benchmarks.throughput import main as throughput
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
     args = list(sys.argv[1:] if argv is None else argv)
     calibration = None
     if args[:1] == ["--calibration"]:
         calibration, runs, args = Path(args[1]), int(args[2]), args[3:]
-    parser = FlexibleArgumentParser(prog="vllm bench throughput")
-    add_cli_args(parser)
-    throughput(parser.parse_args(args))
+    vllm_api.run_throughput_benchmark(args)
     if calibration is not None:
-        from vllm.platforms import current_platform
-
         from npu_conformance.baselines import settings
         from npu_conformance.perf import CALIBRATION_LINE, Calibration
 
         spec = settings()["calibration"]
-        cal = Calibration(calibration, current_platform.device_type, spec["batch_size"], spec["input_len"],
+        cal = Calibration(calibration, vllm_api.current_platform().device_type, spec["batch_size"], spec["input_len"],
                           spec["output_len"], spec["warmup_rounds"])
         print(f"{CALIBRATION_LINE} {cal.tokens / statistics.median(cal.run() for _ in range(runs)):.3f}", flush=True)
 

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
+from npu_conformance import vllm_api
 from npu_conformance.cards import load_catalog
 from npu_conformance.compare import metrics
 from npu_conformance.engines.capture import SIGNATURE_TOP_K
@@ -54,8 +55,6 @@ def _status(field: str) -> int:
 
 def test_capture_and_comparison_against_a_plain_prefill(benchmark: Any, pytestconfig: pytest.Config,
                                                         platform: Platform) -> None:
-    from vllm import SamplingParams
-
     card = load_catalog()[CARD]
     cache_dir = pytestconfig.getoption("cache_dir")
     checkpoint = build_checkpoint(card.weights.ref, cache_dir, mutate=card.weights.mutate)
@@ -74,13 +73,13 @@ def test_capture_and_comparison_against_a_plain_prefill(benchmark: Any, pytestco
         def one_round() -> None:
             runner.llm.reset_prefix_cache()
             start = time.perf_counter()
-            runner.generate([sequence], SamplingParams(temperature=0.0, max_tokens=1))
+            runner.generate([sequence], vllm_api.sampling_params(temperature=0.0, max_tokens=1))
             times["prefill"].append(time.perf_counter() - start)
             # vLLM's own pass over every position's logits (the capture's few log-probs each), not recorded:
             # what the capture adds to it is the recording and the read-back.
             start = time.perf_counter()
-            runner.generate([sequence], SamplingParams(temperature=0.0, max_tokens=1,
-                                                       prompt_logprobs=SIGNATURE_TOP_K))
+            runner.generate([sequence], vllm_api.sampling_params(temperature=0.0, max_tokens=1,
+                                                                 prompt_logprobs=SIGNATURE_TOP_K))
             times["logits"].append(time.perf_counter() - start)
             start = time.perf_counter()
             [logits], peak = _peak_rss_over(lambda: runner.teacher_forced([sequence]))

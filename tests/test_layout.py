@@ -21,6 +21,7 @@ FOLDERS = {PACKAGE: ROOT / PACKAGE, f"{PACKAGE}.fixtures": ROOT / "fixtures",
            f"{PACKAGE}.patches": ROOT / "patches", f"{PACKAGE}.reports": ROOT / "reports"}
 # Layers, lowest first: a module may import its own layer and those before it.
 LAYERS = [
+    ["vllm_api"],
     ["merge", "platform", "cache", "patches", "devices"],
     ["compare.metrics"],
     ["cards"],
@@ -121,6 +122,26 @@ def test_no_private_name_crosses_a_module() -> None:
                   and isinstance(node.value, ast.Name) and node.value.id in aliases):
                 wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} reads {node.value.id}.{node.attr}")
     assert not wrong, "\n".join(wrong)
+
+
+# Where vLLM may be imported: the adapter (each name with its version's module),
+# the patches (vLLM's own hooks, checked against the NPU pin by test_vllm_compat),
+# and the tests of the patches.
+VLLM_DOORS = ("npu_conformance/vllm_api.py", "patches/", "tests/test_patches.py")
+
+
+def test_vllm_is_imported_only_through_the_adapter() -> None:
+    files = [*modules().values(), *(ROOT / "tests").glob("*.py"), ROOT / "conftest.py"]
+    wrong = []
+    for path in files:
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(VLLM_DOORS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            wrong += [f"{rel}:{node.lineno} imports {n}" for n in names if n == "vllm" or n.startswith("vllm.")]
+    assert not wrong, "import vLLM through npu_conformance.vllm_api:\n" + "\n".join(wrong)
 
 
 @pytest.mark.parametrize("name", ["fixtures", "patches", "reports"])

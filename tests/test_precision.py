@@ -100,7 +100,8 @@ def test_captured_logits_are_what_vllms_logprobs_api_returns(card, target, refer
     rows equal bit for bit the full raw-logit vectors vLLM's own API returns for
     the same prefill and decode steps (`prompt_logprobs=-1`, `logprobs=-1`)."""
     import numpy as np
-    from vllm import SamplingParams
+
+    from npu_conformance import vllm_api
 
     def dense(positions) -> np.ndarray:
         rows = np.full((len(positions), target.vocab_size), -np.inf, dtype=np.float32)
@@ -111,8 +112,8 @@ def test_captured_logits_are_what_vllms_logprobs_api_returns(card, target, refer
         return rows
 
     prompt = min((r.full_ids for r in reference.values()), key=len)[:6]
-    [api] = target.generate([prompt], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True,
-                                                     prompt_logprobs=-1, logprobs=-1))
+    [api] = target.generate([prompt], vllm_api.sampling_params(temperature=0.0, max_tokens=3, ignore_eos=True,
+                                                               prompt_logprobs=-1, logprobs=-1))
     [forced] = target.teacher_forced([prompt])
     [(tokens, greedy)] = target.greedy([prompt], 3)
     assert tokens == list(api.outputs[0].token_ids)

@@ -53,10 +53,9 @@ def inspect_model(model: Any) -> dict[str, Any]:
 def native_class(architecture: str) -> str | None:
     """The class vLLM's model registry maps `architecture` to on this platform
     (plugins such as vllm-ascend register theirs there too), or None."""
-    from vllm.model_executor.models import ModelRegistry
+    from npu_conformance import vllm_api
 
-    entry = ModelRegistry.models.get(architecture)
-    return None if entry is None else f"{entry.module_name}.{entry.class_name}"
+    return vllm_api.registered_model(architecture)
 
 
 def quant_path(worker: dict[str, Any], decisions: list[dict[str, Any]]) -> dict[str, Any]:

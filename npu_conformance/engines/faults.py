@@ -19,6 +19,8 @@ from typing import Any, Mapping
 
 import torch
 
+from npu_conformance import vllm_api
+
 # How a card's fault chooses its tokens: each path a different kernel family on an NPU.
 PATHS = ("decode", "past_block", "batch")
 
@@ -58,8 +60,6 @@ def _query_start_loc(attn_metadata: Any) -> torch.Tensor | None:
 def install(model: torch.nn.Module, fault: Mapping[str, Any], block_size: int) -> dict[str, Any]:
     """Wrap `model.forward` with `fault` ({path, scale, min_batch}); returns the
     record the evidence carries. Counts of perturbed steps and tokens accumulate in it."""
-    from vllm.forward_context import get_forward_context, is_forward_context_available
-
     path, scale, min_batch = fault["path"], float(fault["scale"]), int(fault["min_batch"])
     if path not in PATHS:
         raise ValueError(f"unknown fault path {path!r} (known: {', '.join(PATHS)})")
@@ -72,9 +72,9 @@ def install(model: torch.nn.Module, fault: Mapping[str, Any], block_size: int) -
     def forward(*args: Any, **kwargs: Any) -> Any:
         hidden = original(*args, **kwargs)
         positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
-        if not isinstance(hidden, torch.Tensor) or positions is None or not is_forward_context_available():
+        if not isinstance(hidden, torch.Tensor) or positions is None:
             return hidden
-        starts = _query_start_loc(get_forward_context().attn_metadata)
+        starts = _query_start_loc(vllm_api.attention_metadata())
         if starts is None:
             return hidden
         mask = selected_tokens(path, positions, starts, block_size, min_batch).to(hidden.device)

