@@ -1,10 +1,10 @@
-"""The one door to vLLM outside patches/: every vLLM name the suite imports, and
-where each lives in which vLLM version.
+"""The one door to vLLM outside patches/: every vLLM name the suite imports, the
+keywords it passes them, and what differs between vLLM versions.
 
-The NPU job runs the vLLM that vllm-ascend ships, older than the vLLM for CPU
-the suite is developed on; a name that moved between them is listed here with
-each version's module, and nowhere else (tests/test_layout.py keeps every other
-module from importing vllm). tests/test_vllm_compat.py reads NAMES and the
+The NPU job runs the vLLM that vllm-ascend ships, which is not the vLLM for CPU
+the suite is developed on; what changed between them is handled here, keyed by
+vLLM's version, and nowhere else (tests/test_layout.py keeps every other module
+from importing vllm). tests/test_vllm_compat.py reads these tables and the
 patches' imports against the NPU pin's own source. Imports are lazy: importing
 vLLM costs seconds and loads its platform plugins, which reading cards, the
 unit tests and the workflow's plan job must not pay.
@@ -18,24 +18,25 @@ import importlib.metadata
 import re
 from typing import Any
 
-# name -> ((first vLLM version, module), ...), newest first: the module holding
-# `name` from that version on. Keywords: those the suite passes to a callable,
-# which the compatibility test finds among its parameters (or the fields of the
-# class in `KEYWORDS_OF`, for a callable that forwards **kwargs to it).
-NAMES: dict[str, tuple[tuple[str, str], ...]] = {
-    "LLM": (("0", "vllm"),),
-    "SamplingParams": (("0", "vllm"),),
-    "TokensPrompt": (("0", "vllm.inputs"),),
-    "EngineArgs": (("0", "vllm.engine.arg_utils"),),
-    "ModelRegistry": (("0", "vllm.model_executor.models"),),
-    "cleanup_dist_env_and_memory": (("0", "vllm.distributed.parallel_state"),),
-    "get_forward_context": (("0", "vllm.forward_context"),),
-    "is_forward_context_available": (("0", "vllm.forward_context"),),
-    "current_platform": (("0", "vllm.platforms"),),
-    "add_cli_args": (("0", "vllm.benchmarks.throughput"),),
-    "main": (("0", "vllm.benchmarks.throughput"),),
-    "FlexibleArgumentParser": (("0.11", "vllm.utils.argparse_utils"), ("0", "vllm.utils")),
+# name -> the vLLM module it is imported from.
+NAMES: dict[str, str] = {
+    "LLM": "vllm",
+    "SamplingParams": "vllm",
+    "TokensPrompt": "vllm.inputs",
+    "EngineArgs": "vllm.engine.arg_utils",
+    "ModelRegistry": "vllm.model_executor.models",
+    "cleanup_dist_env_and_memory": "vllm.distributed.parallel_state",
+    "get_forward_context": "vllm.forward_context",
+    "is_forward_context_available": "vllm.forward_context",
+    "current_platform": "vllm.platforms",
+    "add_cli_args": "vllm.benchmarks.throughput",
+    "main": "vllm.benchmarks.throughput",
+    "FlexibleArgumentParser": "vllm.utils.argparse_utils",
+    "choose_scaled_mm_linear_kernel": "vllm.model_executor.kernels.linear",
 }
+# The keywords the suite passes to a callable, which the compatibility test finds
+# among its parameters (or among the fields of the class in KEYWORDS_OF, for a
+# callable that forwards **kwargs to it).
 KEYWORDS: dict[str, tuple[str, ...]] = {
     "LLM": ("model", "dtype", "trust_remote_code", "logprobs_mode", "max_logprobs", "disable_log_stats",
             "worker_extension_cls"),
@@ -43,8 +44,19 @@ KEYWORDS: dict[str, tuple[str, ...]] = {
                        "seed"),
     "TokensPrompt": ("prompt_token_ids",),
     "FlexibleArgumentParser": ("prog",),
+    "choose_scaled_mm_linear_kernel": ("config", "possible_kernels"),
 }
 KEYWORDS_OF = {"LLM": "EngineArgs"}
+# Keywords vLLM added to a callable, with the first version that takes them: passed from there on only.
+# Measured on the wheels: vLLM 0.27-0.29 choose an FP8 kernel without `quantization`, 0.30 requires it.
+KEYWORDS_SINCE: dict[str, dict[str, tuple[int, ...]]] = {
+    "choose_scaled_mm_linear_kernel": {"quantization": (0, 30)},
+}
+
+
+def keywords(name: str, at: tuple[int, ...]) -> set[str]:
+    """The keywords the suite passes `name` in vLLM version `at`."""
+    return {*KEYWORDS.get(name, ()), *(k for k, first in KEYWORDS_SINCE.get(name, {}).items() if at >= first)}
 
 
 @functools.lru_cache(maxsize=1)
@@ -66,14 +78,9 @@ def parse_version(text: str) -> tuple[int, ...]:
     return tuple(int(n) for n in found.group().split("."))
 
 
-def module_of(name: str, at: tuple[int, ...]) -> str:
-    """The module holding `name` in vLLM version `at`."""
-    return next(module for first, module in NAMES[name] if at >= parse_version(first))
-
-
 def get(name: str) -> Any:
-    """vLLM's `name`, from where this vLLM keeps it."""
-    return getattr(importlib.import_module(module_of(name, version())), name)
+    """vLLM's `name`."""
+    return getattr(importlib.import_module(NAMES[name]), name)
 
 
 # --- what the suite does with vLLM ----------------------------------------------
@@ -118,6 +125,14 @@ def attention_metadata() -> Any | None:
 
 def current_platform() -> Any:
     return get("current_platform")
+
+
+def choose_scaled_mm_linear_kernel(config: Any, possible_kernels: Any, quantization: str) -> type:
+    """The FP8 linear kernel vLLM would pick (ValueError where none can implement
+    `config`); `quantization`, the scheme's name, where this vLLM takes it."""
+    extra = {"quantization": quantization} if "quantization" in keywords("choose_scaled_mm_linear_kernel",
+                                                                          version()) else {}
+    return get("choose_scaled_mm_linear_kernel")(config=config, possible_kernels=possible_kernels, **extra)
 
 
 def run_throughput_benchmark(argv: list[str]) -> None:

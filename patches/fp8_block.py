@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from npu_conformance import vllm_api
 from npu_conformance.patches.common import CheckpointError
 
 NAME = "fp8_block"
@@ -96,11 +97,7 @@ class Assembler:
 def select_kernel(quant_config: Any, model_config: Any) -> type:
     """The linear kernel vLLM would pick for this checkpoint's layers (raises
     ValueError, as vLLM does at load, when none can implement them)."""
-    from vllm.model_executor.kernels.linear import (
-        _POSSIBLE_FP8_BLOCK_KERNELS,
-        FP8ScaledMMLinearLayerConfig,
-        choose_scaled_mm_linear_kernel,
-    )
+    from vllm.model_executor.kernels.linear import _POSSIBLE_FP8_BLOCK_KERNELS, FP8ScaledMMLinearLayerConfig
     from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape, create_fp8_quant_key
 
     block_n, block_k = quant_config.weight_block_size
@@ -113,5 +110,4 @@ def select_kernel(quant_config: Any, model_config: Any) -> type:
         out_dtype=model_config.dtype,
         weight_shape=(hidden, hidden),
     )
-    return choose_scaled_mm_linear_kernel(config=config, possible_kernels=_POSSIBLE_FP8_BLOCK_KERNELS,
-                                          quantization="fp8_block_w8a8")
+    return vllm_api.choose_scaled_mm_linear_kernel(config, _POSSIBLE_FP8_BLOCK_KERNELS, "fp8_block_w8a8")

@@ -1,7 +1,7 @@
 """The vLLM the NPU job runs, checked where it cannot run: every vLLM name the
 adapter (npu_conformance.vllm_api) and the load-time patches import exists in
-the source of the vLLM that the `npu` extra pins, in the module the adapter
-says that version keeps it, and takes the keywords the suite passes it.
+the source of the vLLM that the `npu` extra pins, and takes the keywords the
+suite passes it in that version (the adapter's KEYWORDS_SINCE).
 
 The source is the pinned release's own wheel from the package index (pip
 download --no-deps), its Python files kept in the cache. Attributes read on
@@ -140,8 +140,7 @@ def patch_imports() -> dict[tuple[str, str], set[str]]:
 
 def problems(source: Source, version: tuple[int, ...]) -> list[str]:
     """What the adapter and the patches use that this vLLM source lacks."""
-    wanted = {(vllm_api.module_of(name, version), name): set(vllm_api.KEYWORDS.get(name, ()))
-              for name in vllm_api.NAMES}
+    wanted = {(module, name): vllm_api.keywords(name, version) for name, module in vllm_api.NAMES.items()}
     for key, keywords in patch_imports().items():
         wanted.setdefault(key, set()).update(keywords)
     found_problems = []
@@ -153,7 +152,7 @@ def problems(source: Source, version: tuple[int, ...]) -> list[str]:
         accepted = source.parameters(*found)
         if accepted is not None and name in vllm_api.KEYWORDS_OF:
             other = vllm_api.KEYWORDS_OF[name]
-            more = source.find(vllm_api.module_of(other, version), other)
+            more = source.find(vllm_api.NAMES[other], other)
             accepted = None if more is None else (accepted | (source.parameters(*more) or set()))
         if accepted is not None and (missing := sorted(keywords - accepted)):
             found_problems.append(f"{module}.{name}: takes no keyword {', '.join(missing)}")
@@ -217,3 +216,8 @@ def test_a_removed_symbol_fails_the_check(pinned_source: Source, tmp_path: Path,
     assert old in text, f"{file} no longer holds {old!r}: pick another symbol for this test"
     path.write_text(text.replace(old, new), encoding="utf-8")
     assert expected in problems(Source(copy), vllm_api.parse_version(npu_pin()))
+
+
+def test_a_keyword_is_passed_only_where_vllm_takes_it() -> None:
+    assert "quantization" not in vllm_api.keywords("choose_scaled_mm_linear_kernel", (0, 29, 0))
+    assert "quantization" in vllm_api.keywords("choose_scaled_mm_linear_kernel", (0, 30, 0))
