@@ -139,8 +139,8 @@ def test_expect_platform_npu_fails_here_at_start_in_one_line(tmp_path: Path) -> 
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR and len(errors) == 1, proc.stdout + proc.stderr
     assert errors[0] == ("ERROR: --expect-platform=npu: vLLM's platform is cpu from vllm, expected npu from "
                          "vllm_ascend (is vllm_ascend installed, and did it load?)"), errors
-    ok = subprocess.run([*argv[:-2], "--expect-platform=cpu", f"--report-dir={tmp_path}", "tests/test_strict.py"],
-                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    ok = subprocess.run([*argv[:-2], "--expect-platform=cpu", f"--report-dir={tmp_path}",
+                         f"tests/{Path(__file__).name}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stdout + ok.stderr
 
 
@@ -154,7 +154,8 @@ def test_a_baseline_edit_is_gated_against_the_base_entry(tmp_path: Path, platfor
                                                          pytestconfig: pytest.Config) -> None:
     """Two commits: the base records a bar no engine here reaches; the change
     lowers it to one any engine passes. With --changed-since the change's run is
-    judged against the base's entry and fails; the work tree's entry alone passes."""
+    judged against the base's entry and fails (and --perf-record keeps the failing
+    run out of the file); the work tree's entry alone passes."""
     repo = tmp_path / "repo"
     catalog, recorded = repo / "npu_conformance" / "catalog", repo / baselines.BASELINES_DIR.relative_to(ROOT)
     catalog.mkdir(parents=True)
@@ -182,9 +183,12 @@ def test_a_baseline_edit_is_gated_against_the_base_entry(tmp_path: Path, platfor
     _git(repo, "commit", "-q", "-am", "pr: a lower bar")
 
     args = ["tests/test_perf.py", "-k", "test_throughput", f"--catalog={catalog}", f"--perf-baselines={recorded}"]
-    gated, context = _inner([*args, "--changed-since=main"], False, tmp_path / "gated", pytestconfig)
+    lowered = (recorded / "edited.json").read_text(encoding="utf-8")
+    # Recording too: a run that fails its gate is not appended to the baselines.
+    gated, context = _inner([*args, "--changed-since=main", "--perf-record"], False, tmp_path / "gated", pytestconfig)
     line = next((x for x in gated.stdout.splitlines() if x.startswith("FAILED")), "")
-    assert gated.returncode == 1 and "edited-bs1" in line, context
+    assert gated.returncode == 1 and "edited-bs1" in line and "not recorded" in line, context
+    assert (recorded / "edited.json").read_text(encoding="utf-8") == lowered, "a failing run was recorded"
     cases = json.loads((tmp_path / "gated" / "report" / "perf_report.json").read_text())["cases"]
     judged = next(iter(cases.values()))
     assert judged["verdict"] == "fail" and judged["baseline"]["tok_s"] == 1e6, judged
