@@ -85,8 +85,10 @@ class ChangedCards:
 
     def at_base(self, path: str) -> str | None:
         """`path`'s text at the merge base (what the change is judged against), None where it did not exist."""
-        proc = subprocess.run(["git", "show", f"{self.base}:{path}"], cwd=self.root, capture_output=True, text=True)
-        return proc.stdout if proc.returncode == 0 else None
+        try:
+            return _git(self.root, "show", f"{self.base}:{path}")
+        except ChangesError:  # git's "does not exist in <base>"
+            return None
 
     @property
     def cards(self) -> list[str]:
