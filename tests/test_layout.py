@@ -22,7 +22,7 @@ FOLDERS = {PACKAGE: ROOT / PACKAGE, f"{PACKAGE}.fixtures": ROOT / "fixtures",
 # Layers, lowest first: a module may import its own layer and those before it.
 LAYERS = [
     ["vllm_api"],
-    ["merge", "platform", "cache", "patches", "devices"],
+    ["merge", "platform", "cache", "patches", "devices", "host_load", "contention"],
     ["compare.metrics"],
     ["cards"],
     ["synthetic", "quantize", "weights"],

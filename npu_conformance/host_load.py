@@ -1,0 +1,109 @@
+"""A CPU load that comes and goes, for the perf gate's own tests: one process
+spinning on one core, stopped and continued on a period, as a neighbour on a
+shared CI runner does. Its timeline tells, for any stretch of time, how much of
+it the load was on, so a test can sort its rounds by the load they ran under.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import psutil
+
+# Pure Python, no imports: it holds one core and touches no shared library state.
+SPIN = "while True:\n    pass\n"
+# How long `switch` waits for the process to take the new state.
+SWITCH_WAIT_S = 1.0
+
+
+class SwitchingLoad:
+    """Context manager: a spinning process pinned to `cpu` (default: the last CPU
+    this process may run on), killed with its process group on exit. Given
+    `period_s`, it is on for that long, off (SIGSTOP) as long, and so on, from the
+    moment it starts; without, it starts off and its owner calls `switch`."""
+
+    def __init__(self, period_s: float | None = None, cpu: int | None = None) -> None:
+        if period_s is not None and period_s <= 0:
+            raise ValueError(f"a switching load needs a period > 0 s, not {period_s}")
+        self.period_s = period_s
+        self.cpu = max(os.sched_getaffinity(0)) if cpu is None else cpu
+        # Monotonic times of each switch (the first: the start) and the state it switched to.
+        self._times: list[float] = []
+        self._states: list[bool] = []
+        self._stop = threading.Event()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "SwitchingLoad":
+        self._proc = subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True,
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        os.sched_setaffinity(self._proc.pid, {self.cpu})
+        self.switch(self.period_s is not None)
+        if self.period_s is not None:
+            self._thread = threading.Thread(target=self._run, args=(self.period_s,), name="switching-load",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+        self._mark(False)
+
+    def _run(self, period_s: float) -> None:
+        on = True
+        while not self._stop.wait(period_s):
+            on = not on
+            self.switch(on)
+
+    def switch(self, on: bool) -> None:
+        """Continue (on) or stop (off) the spinning process, and return once it
+        has (a signal is delivered asynchronously; the timeline must not lead)."""
+        assert self._proc is not None, "switch() before the load started"
+        os.killpg(self._proc.pid, signal.SIGCONT if on else signal.SIGSTOP)
+        proc = psutil.Process(self._proc.pid)
+        deadline = time.monotonic() + SWITCH_WAIT_S
+        while (proc.status() == psutil.STATUS_STOPPED) == on and time.monotonic() < deadline:
+            time.sleep(0.001)
+        self._mark(on)
+
+    def _mark(self, on: bool) -> None:
+        self._times.append(time.monotonic())
+        self._states.append(on)
+
+    def on_fraction(self, start: float, end: float) -> float:
+        """The share of [start, end] (time.monotonic) the load was on."""
+        if end <= start:
+            return float(self._state_at(start))
+        points = [start, *(t for t in self._times if start < t < end), end]
+        on = sum(b - a for a, b in zip(points, points[1:]) if self._state_at(a))
+        return on / (end - start)
+
+    def _state_at(self, t: float) -> bool:
+        i = bisect.bisect_right(self._times, t)
+        return self._states[i - 1] if i else False
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None, "the load has not started"
+        return self._proc.pid
+
+    def switches(self) -> int:
+        return len(self._times)
+
+    def describe(self) -> str:
+        how = f"every {self.period_s:g} s" if self.period_s is not None else "by the test, between rounds"
+        return f"one process spinning on CPU {self.cpu} of {os.cpu_count()}, switched on and off {how}"
