@@ -63,6 +63,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--perf-record", action="store_true",
                     help="append each perf case's run to its card's baseline in --perf-baselines (run it in several "
                          "separate sessions: their spread is the gate's noise band), then commit the files")
+    group.addoption("--perf-load", type=float, default=None, metavar="S",
+                    help="run the perf tests under a CPU load switched on and off every S seconds (one process "
+                         "spinning on one core), as a shared runner's neighbour comes and goes")
     group.addoption("--perf-baselines", type=Path, default=BASELINES_DIR, metavar="DIR",
                     help="where the cards' perf baselines are read and recorded, as DIR/<card>.json "
                          "(default: the shipped npu_conformance/data/perf_baselines)")
@@ -360,6 +363,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = [f"strict gate: {'on (a selected card that cannot run fails)' if session.strict else 'off (skips stay skips)'}"]
     if session.changes is not None:
         lines += [*session.changes.describe(), f"selected: {', '.join(session.selected) or 'no card'}"]
+    if period := config.getoption("perf_load"):
+        lines.append(f"perf load: a process spinning on one core, switched on and off every {period:g} s")
     return lines
 
 

@@ -16,7 +16,8 @@ import functools
 import importlib
 import importlib.metadata
 import re
-from typing import Any
+from typing import Any, Callable, ContextManager
+from unittest import mock
 
 # name -> the vLLM module it is imported from.
 NAMES: dict[str, str] = {
@@ -135,8 +136,25 @@ def choose_scaled_mm_linear_kernel(config: Any, possible_kernels: Any, quantizat
     return get("choose_scaled_mm_linear_kernel")(config=config, possible_kernels=possible_kernels, **extra)
 
 
-def run_throughput_benchmark(argv: list[str]) -> None:
-    """`vllm bench throughput` with these arguments, through vLLM's own parser and main."""
+def run_throughput_benchmark(argv: list[str],
+                             around_generate: Callable[[], ContextManager[Any]] | None = None) -> None:
+    """`vllm bench throughput` with these arguments, through vLLM's own parser and
+    main. `around_generate`, where given, is entered around each `LLM.generate` the
+    benchmark calls (its warm-up, then its timed requests), so the caller can
+    watch the host over exactly what the benchmark times."""
     parser = get("FlexibleArgumentParser")(prog="vllm bench throughput")
     get("add_cli_args")(parser)
-    get("main")(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    if around_generate is None:
+        get("main")(args)
+        return
+    llm_class = get("LLM")
+    generate = llm_class.generate
+
+    @functools.wraps(generate)
+    def watched(self: Any, *a: Any, **kw: Any) -> Any:
+        with around_generate():
+            return generate(self, *a, **kw)
+
+    with mock.patch.object(llm_class, "generate", watched):
+        get("main")(args)

@@ -424,6 +424,8 @@ def _performance(m: Model, files: dict[str, Path], verdict: Callable[[str], str]
                       f"{verdict(c['verdict'])}: {c['message']}"] for c in m.slowdown_cases],
         "fidelity": [{"verdict": verdict(c["verdict"]), "message": c["message"]}
                      for c in m.perf_cases.values() if "ratios" in c],
+        "load": [{"verdict": verdict(c["verdict"]), "message": c["message"]}
+                 for c in m.perf_cases.values() if "detector" in c],
         "benchmarks": [[b["name"], b["stats"]["rounds"],
                         *(f"{b['stats'][k]:.3f}" for k in ("min", "median", "mean", "stddev"))] for b in m.benchmarks],
     }
