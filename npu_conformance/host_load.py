@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -18,9 +19,13 @@ from typing import Any
 
 import psutil
 
-# Pure Python, no imports: it holds one core and touches no shared library state.
-SPIN = "while True:\n    pass\n"
-# How long `switch` waits for the process to take the new state.
+# Pure Python: it holds one core and touches no shared library state. It says
+# when it reaches the loop: before that it is an interpreter starting up, which
+# on a cold page cache waits on the disk more than it runs, so a round timed as
+# "load on" would run beside little load (measured: one such round per session).
+SPIN = "import os\nos.write(1, b'.')\nwhile True:\n    pass\n"
+# How long the process may take to reach its loop, and `switch` to take the new state.
+START_WAIT_S = 30.0
 SWITCH_WAIT_S = 1.0
 
 
@@ -44,8 +49,14 @@ class SwitchingLoad:
 
     def __enter__(self) -> "SwitchingLoad":
         self._proc = subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True,
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
         os.sched_setaffinity(self._proc.pid, {self.cpu})
+        assert self._proc.stdout is not None
+        with self._proc.stdout as ready:
+            if not select.select([ready], [], [], START_WAIT_S)[0] or not ready.read(1):
+                self.__exit__()
+                raise RuntimeError(f"the load process ({sys.executable} -c ...) did not start spinning within "
+                                   f"{START_WAIT_S:g} s")
         self.switch(self.period_s is not None)
         if self.period_s is not None:
             self._thread = threading.Thread(target=self._run, args=(self.period_s,), name="switching-load",
