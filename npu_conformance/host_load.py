@@ -15,15 +15,25 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import psutil
 
-# Pure Python: it holds one core and touches no shared library state. It says
-# when it reaches the loop: before that it is an interpreter starting up, which
-# on a cold page cache waits on the disk more than it runs, so a round timed as
+# Pure Python: it holds one core and touches no shared library state. It dies
+# with the thread that started it (PR_SET_PDEATHSIG, Linux), stopped or not, so
+# a test process killed outright leaves no spinner behind. It says when it
+# reaches the loop: before that it is an interpreter starting up, which on a
+# cold page cache waits on the disk more than it runs, so a round timed as
 # "load on" would run beside little load (measured: one such round per session).
-SPIN = "import os\nos.write(1, b'.')\nwhile True:\n    pass\n"
+SPIN = """\
+import ctypes, os, signal, sys
+ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit()
+os.write(1, b".")
+while True:
+    pass
+"""
 # How long the process may take to reach its loop, and `switch` to take the new state.
 START_WAIT_S = 30.0
 SWITCH_WAIT_S = 1.0
@@ -46,9 +56,10 @@ class SwitchingLoad:
         self._stop = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
+        self._held = False
 
     def __enter__(self) -> "SwitchingLoad":
-        self._proc = subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True,
+        self._proc = subprocess.Popen([sys.executable, "-c", SPIN, str(os.getpid())], start_new_session=True,
                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
         os.sched_setaffinity(self._proc.pid, {self.cpu})
         assert self._proc.stdout is not None
@@ -58,27 +69,48 @@ class SwitchingLoad:
                 raise RuntimeError(f"the load process ({sys.executable} -c ...) did not start spinning within "
                                    f"{START_WAIT_S:g} s")
         self.switch(self.period_s is not None)
-        if self.period_s is not None:
-            self._thread = threading.Thread(target=self._run, args=(self.period_s,), name="switching-load",
-                                            daemon=True)
-            self._thread.start()
+        self._start_period()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        self._stop_period()
         if self._proc is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._proc.pid, signal.SIGKILL)
             self._proc.wait()
         self._mark(False)
 
+    def _start_period(self) -> None:
+        if self.period_s is not None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, args=(self.period_s,), name="switching-load",
+                                            daemon=True)
+            self._thread.start()
+
+    def _stop_period(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
     def _run(self, period_s: float) -> None:
-        on = True
+        on = self._states[-1]
         while not self._stop.wait(period_s):
             on = not on
             self.switch(on)
+
+    @contextlib.contextmanager
+    def by_hand(self) -> Iterator["SwitchingLoad"]:
+        """The period held: inside, the caller switches the load (a test that
+        needs rounds wholly under one state, which rounds slowed past the
+        period would never be); on leaving, the period goes on from there."""
+        self._stop_period()
+        self._held = True
+        try:
+            yield self
+        finally:
+            self._held = False
+            self._start_period()
 
     def switch(self, on: bool) -> None:
         """Continue (on) or stop (off) the spinning process, and return once it
@@ -116,5 +148,6 @@ class SwitchingLoad:
         return len(self._times)
 
     def describe(self) -> str:
-        how = f"every {self.period_s:g} s" if self.period_s is not None else "by the test, between rounds"
+        how = f"every {self.period_s:g} s" if self.period_s is not None and not self._held else \
+            "by the test, between rounds"
         return f"one process spinning on CPU {self.cpu} of {os.cpu_count()}, switched on and off {how}"

@@ -290,7 +290,7 @@ def test_gate_leaves_out_rounds_a_switching_load_fell_on(perf_spec: PerfSpec, ca
                                                          host_load: SwitchingLoad | None,
                                                          request: pytest.FixtureRequest) -> None:
     """Rounds under a CPU-bound process on one core, switched on and off between
-    blocks of rounds (or the run's --perf-load, switching on its own period).
+    blocks of rounds (the run's --perf-load where given, its period held).
     The load slows the raw rounds; the wait share (contention.py) flags the
     rounds it fell on and not the others; and the figure the gate reads from all
     the rounds, the flagged ones left out, is within the card's slack of the
@@ -307,13 +307,13 @@ def test_gate_leaves_out_rounds_a_switching_load_fell_on(perf_spec: PerfSpec, ca
     sorted_rounds: dict[bool, list[int]] = {True: [], False: []}
     times: list[float] = []
     with contextlib.ExitStack() as stack:
-        load = host_load or stack.enter_context(SwitchingLoad())
+        # The run's --perf-load is switched by hand here: rounds it slows past its period never run wholly on.
+        load = stack.enter_context(host_load.by_hand() if host_load else SwitchingLoad())
         for i in range(settings["max_rounds"]):
             if min(map(len, sorted_rounds.values())) >= settings["rounds_per_state"]:
                 break
             timed_round = i - perf_spec.warmup_rounds
-            if host_load is None and timed_round >= 0:
-                load.switch(timed_round // settings["block_rounds"] % 2 == 0)
+            load.switch(timed_round >= 0 and timed_round // settings["block_rounds"] % 2 == 0)
             args, _ = rounds.setup()
             start = time.perf_counter()
             rounds.one_round(*args)
@@ -758,6 +758,31 @@ def test_switching_load_stops_and_continues_one_spinning_process() -> None:
     assert timed.switches() >= 5 and "every 0.2 s" in timed.describe()
     with pytest.raises(ValueError, match="period > 0"):
         SwitchingLoad(period_s=0)
+
+
+@pytest.mark.unit
+def test_switching_load_held_by_hand_and_gone_with_its_starter() -> None:
+    import psutil
+
+    with SwitchingLoad(period_s=0.1) as load:
+        with load.by_hand():
+            load.switch(False)
+            held = load.switches()
+            time.sleep(0.4)
+            assert load.switches() == held and "by the test" in load.describe()
+        time.sleep(0.4)
+        assert load.switches() >= held + 2 and "every 0.1 s" in load.describe()
+    # A starter killed outright (no cleanup runs) takes its spinner with it, stopped or not.
+    starter = subprocess.Popen([sys.executable, "-c", "import time\nfrom npu_conformance.host_load import "
+                                "SwitchingLoad\nwith SwitchingLoad() as load:\n    print(load.pid, flush=True)\n"
+                                "    time.sleep(60)\n"], stdout=subprocess.PIPE, text=True)
+    try:
+        spinner = psutil.Process(int(starter.stdout.readline()))
+        assert spinner.status() == psutil.STATUS_STOPPED
+    finally:
+        starter.kill()
+        starter.wait()
+    spinner.wait(timeout=5)
 
 
 @pytest.mark.unit
