@@ -144,6 +144,14 @@ class SwitchingLoad:
         assert self._proc is not None, "the load has not started"
         return self._proc.pid
 
+    def cpu_s(self) -> float:
+        """CPU seconds the spinning process has run: switched on is not running,
+        for the scheduler may hold a continued process back (measured on Linux
+        6.18: after a stretch of taking a whole core, it got none for seconds)."""
+        assert self._proc is not None, "the load has not started"
+        times = psutil.Process(self._proc.pid).cpu_times()
+        return times.user + times.system
+
     def switches(self) -> int:
         return len(self._times)
 

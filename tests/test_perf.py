@@ -290,7 +290,8 @@ def test_gate_leaves_out_rounds_a_switching_load_fell_on(perf_spec: PerfSpec, ca
                                                          host_load: SwitchingLoad | None,
                                                          request: pytest.FixtureRequest) -> None:
     """Rounds under a CPU-bound process on one core, switched on and off between
-    blocks of rounds (the run's --perf-load where given, its period held).
+    blocks of rounds (the run's --perf-load where given, its period held); an
+    on-round counts where the process did run (its CPU time over the round).
     The load slows the raw rounds; the wait share (contention.py) flags the
     rounds it fell on and not the others; and the figure the gate reads from all
     the rounds, the flagged ones left out, is within the card's slack of the
@@ -305,6 +306,9 @@ def test_gate_leaves_out_rounds_a_switching_load_fell_on(perf_spec: PerfSpec, ca
     rounds = perf.Rounds(target, batch, perf_spec.input_len, perf_spec.output_len, calibration)
     limit = rounds.limit
     sorted_rounds: dict[bool, list[int]] = {True: [], False: []}
+    # Rounds with the load switched on whose spinner the scheduler held back: its share of a core, per round.
+    starved: list[float] = []
+    held: dict[int, float] = {}
     times: list[float] = []
     with contextlib.ExitStack() as stack:
         # The run's --perf-load is switched by hand here: rounds it slows past its period never run wholly on.
@@ -314,20 +318,29 @@ def test_gate_leaves_out_rounds_a_switching_load_fell_on(perf_spec: PerfSpec, ca
                 break
             timed_round = i - perf_spec.warmup_rounds
             load.switch(timed_round >= 0 and timed_round // settings["block_rounds"] % 2 == 0)
+            spun = load.cpu_s()
             args, _ = rounds.setup()
             start = time.perf_counter()
             rounds.one_round(*args)
             times.append(time.perf_counter() - start)
             if timed_round >= 0:
-                # Only rounds whose pair ran wholly under one state tell that state apart.
-                on = load.on_fraction(*rounds.windows[i])
-                if on in (0.0, 1.0):
-                    sorted_rounds[on == 1.0].append(i)
+                # Only rounds whose pair ran wholly under one state tell that state apart, and "on"
+                # only where the spinner did run: switched on, the scheduler may hold it back.
+                window = rounds.windows[i]
+                on = load.on_fraction(*window)
+                held[i] = (load.cpu_s() - spun) / (window[1] - window[0])
+                if on == 0.0:
+                    sorted_rounds[False].append(i)
+                elif on == 1.0 and held[i] >= settings["min_neighbour_share"]:
+                    sorted_rounds[True].append(i)
+                elif on == 1.0:
+                    starved.append(held[i])
         described = load.describe()
     counts = {("on" if k else "off"): len(v) for k, v in sorted_rounds.items()}
     assert min(counts.values()) >= settings["rounds_per_state"], (
-        f"after {settings['max_rounds']} rounds, {counts} ran wholly with the load on / off, and the test needs "
-        f"{settings['rounds_per_state']} of each ({described})")
+        f"after {settings['max_rounds']} rounds, {counts} ran wholly with the load on (running at least "
+        f"{settings['min_neighbour_share']:.0%} of a core) / off, and the test needs {settings['rounds_per_state']} "
+        f"of each ({described}; {len(starved)} rounds switched on had the spinner held back by the scheduler)")
     on, off = (rounds.pick(sorted_rounds[k], [times[i] for i in sorted_rounds[k]], versions) for k in (True, False))
     flagged = {k: 1 - statistics.mean(limit.clean([rounds.wait_shares[i] for i in v]))
                for k, v in sorted_rounds.items()}
@@ -338,7 +351,8 @@ def test_gate_leaves_out_rounds_a_switching_load_fell_on(perf_spec: PerfSpec, ca
     gated_shift = gated.normalized / off.normalized
     key, entry = _baseline(card, platform, perf_spec, batch, versions, card_baselines, target)
     gate = perf.judge(gated, entry, perf_spec, _record_hint(card)) if entry else None
-    message = (f"load ({described}): raw tok/s {off.output_tok_s:.1f} off, {on.output_tok_s:.1f} on "
+    message = (f"load ({described}; on-rounds count where it ran at least {settings['min_neighbour_share']:.0%} "
+               f"of a core, {len(starved)} switched on but held back by the scheduler left out): raw tok/s {off.output_tok_s:.1f} off, {on.output_tok_s:.1f} on "
                f"({raw_slowdown:.2f}x slower, at least {settings['min_raw_slowdown']:g}x needed for the test to "
                f"test anything); rounds flagged as waiting for a CPU: {flagged[True]:.0%} of {counts['on']} on "
                f"(at least {settings['min_flagged_on']:.0%}), {flagged[False]:.0%} of {counts['off']} off (at most "
@@ -355,7 +369,9 @@ def test_gate_leaves_out_rounds_a_switching_load_fell_on(perf_spec: PerfSpec, ca
               "recorded baseline": gate is None or gate.verdict == "pass"}
     perf_report.add_case(request.node.nodeid, {
         "card": card.base_name, "mode": perf.engine_mode(card, platform.name), "batch_size": batch,
-        "load": described, "rounds": counts, "raw_output_tok_s": {"off": off.output_tok_s, "on": on.output_tok_s},
+        "load": described, "rounds": counts,
+        "neighbour_cpu_share": {"on": sorted(held[i] for i in sorted_rounds[True]),
+                                "held_back": sorted(starved), "min_for_on": settings["min_neighbour_share"]}, "raw_output_tok_s": {"off": off.output_tok_s, "on": on.output_tok_s},
         "calibration_tok_s": {"off": off.calibration_tok_s, "on": on.calibration_tok_s},
         "wait_shares": {("on" if k else "off"): sorted(rounds.wait_shares[i] for i in v)
                         for k, v in sorted_rounds.items()},
