@@ -71,6 +71,18 @@ def test_top1_tie_rule():
     assert m.top1_match(ref, far, 2.1).all()
 
 
+def test_top1_exact_tie_in_the_target_matches_and_a_preference_does_not():
+    # bf16 logits 0.25 apart: the golden puts token 0 half a nat ahead, past the margin.
+    ref = np.array([[32.5, 32.0, 0.0]])
+    tied = np.array([[32.25, 32.25, 0.0]])  # argmax breaks the tie by index: token 0 here...
+    tied_other_order = np.array([[32.0, 32.0, 0.0], [32.0, 32.25, 0.0]])
+    assert m.top1_match(ref, tied, 0.1).all()
+    reversed_ref = ref[:, [1, 0, 2]]  # ...and token 0 is the golden's second here: still a tie
+    assert m.top1_match(reversed_ref, tied, 0.1).all()
+    assert m.top1_match(ref, tied_other_order[:1], 0.1).all()
+    assert not m.top1_match(ref, tied_other_order[1:], 0.1).any()  # one step of preference is a flip
+
+
 def test_top1_exact_tie_in_reference_matches_at_zero_margin():
     ref = np.array([[1.0, 1.0, 0.0]])
     assert m.top1_match(ref, np.array([[0.0, 1.0, 0.5]]), 0.0).all()
