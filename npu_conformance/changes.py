@@ -43,9 +43,9 @@ from npu_conformance.merge import deep_merge
 # card of the shipped catalog while --catalog names another, a deleted card).
 CARD_DATA = ("npu_conformance/catalog/", "npu_conformance/prompts/", "npu_conformance/data/perf_baselines/")
 BASELINES = "npu_conformance/data/perf_baselines/"
-PATCHES = "patches/"
+PATCHES = "npu_conformance/patches/"
 # How every card is run and judged; the NPU workflow too, which runs them.
-MACHINERY_DIRS = ("npu_conformance/", "fixtures/", "reports/", "tests/")
+MACHINERY_DIRS = ("npu_conformance/", "tests/")
 MACHINERY_FILES = ("conftest.py", "pyproject.toml", ".github/workflows/npu-conformance.yaml")
 
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Callable
 
-from npu_conformance.cards import Card, ConditionSpec
-from npu_conformance.compare import metrics
+from npu_conformance.cards import Card, ConditionSpec, Thresholds
 from npu_conformance.compare.precision import compare, run_passes
 from npu_conformance.engines.reference import ReferenceResult
 from npu_conformance.engines.target import TargetResult, VllmRunner
@@ -98,7 +97,7 @@ RUNS: dict[str, Callable[..., tuple[Results, dict[str, Any]]]] = {
 
 
 def run_condition(name: str, card: Card, runner: VllmRunner, reference: dict[str, ReferenceResult],
-                  thresholds: metrics.Thresholds) -> dict[str, Any]:
+                  thresholds: Thresholds) -> dict[str, Any]:
     """Run condition `name` of `card` on `runner` and compare every output with the
     reference: {evidence, prompts: {id: result of the worst copy, with copies}, passed}."""
     spec = card.conditions[name]

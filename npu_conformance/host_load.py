@@ -19,6 +19,8 @@ from typing import Any, Iterator
 
 import psutil
 
+from npu_conformance import process
+
 # Pure Python: it holds one core and touches no shared library state. It dies
 # with the thread that started it (PR_SET_PDEATHSIG, Linux), stopped or not, so
 # a test process killed outright leaves no spinner behind. It says when it
@@ -26,10 +28,7 @@ import psutil
 # cold page cache waits on the disk more than it runs, so a round timed as
 # "load on" would run beside little load (measured: one such round per session).
 SPIN = """\
-import ctypes, os, signal, sys
-ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-if os.getppid() != int(sys.argv[1]):
-    sys.exit()
+import os
 os.write(1, b".")
 while True:
     pass
@@ -59,7 +58,8 @@ class SwitchingLoad:
         self._held = False
 
     def __enter__(self) -> "SwitchingLoad":
-        self._proc = subprocess.Popen([sys.executable, "-c", SPIN, str(os.getpid())], start_new_session=True,
+        self._proc = subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True,
+                                      preexec_fn=process.signalled_when_dead(os.getpid(), signal.SIGKILL),
                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
         os.sched_setaffinity(self._proc.pid, {self.cpu})
         assert self._proc.stdout is not None
@@ -75,8 +75,7 @@ class SwitchingLoad:
     def __exit__(self, *exc: Any) -> None:
         self._stop_period()
         if self._proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._proc.pid, signal.SIGKILL)
+            process.signal_group(self._proc.pid, signal.SIGKILL)
             self._proc.wait()
         self._mark(False)
 

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from npu_conformance import devices, golden, reports
+from npu_conformance import device_pool, golden, reports
 from npu_conformance.cache import DEFAULT_ROOT
 from npu_conformance.cards import (CATALOG_DIR, PROMPTS_DIR, VARIANT_MARK, Card, CardError, WeightSource, adhoc_card,
                                    load_catalog)
@@ -23,7 +23,7 @@ from npu_conformance.changes import ChangedCards, ChangesError, changed_cards
 from npu_conformance.compare.precision import summary_line
 from npu_conformance.baselines import BASELINES_DIR
 from npu_conformance.perf import perf_batch_sizes, perf_cards
-from npu_conformance.platform import Platform, detect, expectation_error, force_isa
+from npu_conformance.platforms import Platform, detect, expectation_error, force_isa
 from npu_conformance.report import PrecisionReport
 
 
@@ -112,8 +112,8 @@ class ConformanceSession:
         self.selected = self._select()
         try:
             spec = config.getoption("devices")
-            self.devices = devices.parse(spec) if spec else None
-        except devices.DeviceError as exc:
+            self.devices = device_pool.parse(spec) if spec else None
+        except device_pool.DeviceError as exc:
             raise pytest.UsageError(str(exc)) from None
         strict = config.getoption("strict_gate")
         self.strict: bool = strict_default(dict(os.environ)) if strict is None else strict
@@ -174,17 +174,17 @@ class ConformanceSession:
         card = {**self.catalog, **self.selected}[base]
         return card.variant(condition) if condition else card
 
-    def placement(self, card: Card, platform: Platform) -> devices.Placement:
+    def placement(self, card: Card, platform: Platform) -> device_pool.Placement:
         """The devices `card`'s engine gets on this xdist worker (DeviceError if
         it cannot have them): a share of --devices, or of every device the
         platform reports."""
         pool = self.devices if self.devices is not None else list(range(platform.device_count))
         if unknown := [d for d in pool if d >= platform.device_count]:
-            raise devices.DeviceError(f"--devices names {unknown}, and platform {platform.name} reports "
+            raise device_pool.DeviceError(f"--devices names {unknown}, and platform {platform.name} reports "
                                       f"{platform.device_count} devices")
         workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-        share = devices.split(pool, workers)[devices.worker_index(os.environ.get("PYTEST_XDIST_WORKER"))]
-        return devices.place(share, devices.needed(card.engine_args(platform.name)), platform.visible_devices_env)
+        share = device_pool.split(pool, workers)[device_pool.worker_index(os.environ.get("PYTEST_XDIST_WORKER"))]
+        return device_pool.place(share, device_pool.needed(card.engine_args(platform.name)), platform.visible_devices_env)
 
     def cards_for(self, definition: pytest.Function) -> list[Card]:
         """The cards a test runs on: known-buggy ones for sensitivity tests (all of
@@ -262,7 +262,7 @@ def pytest_configure(config: pytest.Config) -> None:
             flag = "--" + name.replace("_", "-")
             raise pytest.UsageError(f"write {flag}={value} (with '='): given as '{flag} {value}', pytest takes {value} for its root directory")
     try:
-        # Before anything loads vLLM's kernels (platform.FORCE_ISA_ENV).
+        # Before anything loads vLLM's kernels (platforms.FORCE_ISA_ENV).
         force_isa()
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None

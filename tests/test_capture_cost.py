@@ -23,11 +23,11 @@ import pytest
 
 from npu_conformance import vllm_api
 from npu_conformance.cards import load_catalog
-from npu_conformance.compare import metrics
+from npu_conformance.compare import rules
 from npu_conformance.engines.capture import SIGNATURE_TOP_K
 from npu_conformance.engines.reference import reference_results, tokenize_prompts
 from npu_conformance.engines.target import VllmRunner
-from npu_conformance.platform import Platform
+from npu_conformance.platforms import Platform
 from npu_conformance.synthetic import build_checkpoint
 
 pytestmark = pytest.mark.perf
@@ -86,7 +86,7 @@ def test_capture_and_comparison_against_a_plain_prefill(benchmark: Any, pytestco
             times["capture"].append(time.perf_counter() - start)
             peaks["capture"].append(peak)
             start = time.perf_counter()
-            _, peak = _peak_rss_over(lambda: metrics.logit_figures(golden.logits, logits, card.thresholds,
+            _, peak = _peak_rss_over(lambda: rules.logit_figures(golden.logits, logits, card.thresholds,
                                                                    golden.noise))
             times["compare"].append(time.perf_counter() - start)
             peaks["compare"].append(peak)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from npu_conformance import cards
 from npu_conformance.cards import CATALOG_DIR, CardError, adhoc_card, engine_arg_names, load_card, load_catalog
+from npu_conformance.cards import prompts as prompt_sets
 
 pytestmark = pytest.mark.unit
 
@@ -204,7 +204,7 @@ def test_bad_prompt_set_names_its_own_file(tmp_path, monkeypatch, text, field, w
     prompts_dir.mkdir()
     prompt_file = prompts_dir / "mine.yaml"
     prompt_file.write_text(text, encoding="utf-8")
-    monkeypatch.setattr(cards, "PROMPTS_DIR", prompts_dir)
+    monkeypatch.setattr(prompt_sets, "PROMPTS_DIR", prompts_dir)
     with pytest.raises(CardError) as err:
         load_card(write(tmp_path, {**GOOD, "prompts": "mine"}))
     assert err.value.file == str(prompt_file) and err.value.field == field, err.value

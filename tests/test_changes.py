@@ -43,11 +43,11 @@ TREE = {
     "npu_conformance/prompts/long.yaml": "prompts:\n  - {id: b, text: hello, length: 300}\n",
     "npu_conformance/prompts/unused.yaml": "prompts:\n  - {id: c, text: hi}\n",
     "npu_conformance/cards.py": "CARDS = 1\n",
-    "patches/__init__.py": "",
-    "patches/loader.py": "LOADER = 1\n",
-    "patches/gptq.py": "NAME = 'gptq'\n",
-    "patches/fp8_block.py": "NAME = 'fp8_block'\n",
-    "fixtures/target.py": "",
+    "npu_conformance/patches/__init__.py": "",
+    "npu_conformance/patches/loader.py": "LOADER = 1\n",
+    "npu_conformance/patches/gptq.py": "NAME = 'gptq'\n",
+    "npu_conformance/patches/fp8_block.py": "NAME = 'fp8_block'\n",
+    "npu_conformance/fixtures/target.py": "",
     "tests/test_x.py": "",
     "conftest.py": "",
     "pyproject.toml": "",
@@ -122,8 +122,8 @@ def test_a_prompt_set_no_card_uses_selects_none(repo: Path) -> None:
 
 
 @pytest.mark.parametrize(("path", "cards"), [
-    ("patches/gptq.py", ["gptq-card"]),
-    ("patches/fp8_block.py", ["fp8-card"]),
+    ("npu_conformance/patches/gptq.py", ["gptq-card"]),
+    ("npu_conformance/patches/fp8_block.py", ["fp8-card"]),
 ])
 def test_a_patch_edit_selects_the_cards_with_that_patch(repo: Path, path: str, cards: list[str]) -> None:
     commit(repo, {path: "NAME = 'changed'\n"})
@@ -131,7 +131,7 @@ def test_a_patch_edit_selects_the_cards_with_that_patch(repo: Path, path: str, c
     assert selection(repo) == {n: (Reason(path, f"its patch {patch}"),) for n in cards}
 
 
-@pytest.mark.parametrize("path", ["patches/loader.py", "patches/__init__.py", "patches/new_format.py"])
+@pytest.mark.parametrize("path", [f"npu_conformance/patches/{name}.py" for name in ("loader", "__init__", "new_format")])
 def test_the_patch_hooks_select_every_card(repo: Path, path: str) -> None:
     """vLLM runs the hooks in every engine, around every model's weights."""
     commit(repo, {path: "# changed\n"})
@@ -140,7 +140,7 @@ def test_the_patch_hooks_select_every_card(repo: Path, path: str) -> None:
 
 @pytest.mark.parametrize(("path", "why"), [
     ("npu_conformance/cards.py", "shared machinery"),
-    ("fixtures/target.py", "shared machinery"),
+    ("npu_conformance/fixtures/target.py", "shared machinery"),
     ("tests/test_x.py", "shared machinery"),
     ("conftest.py", "shared machinery"),
     ("pyproject.toml", "shared machinery"),
@@ -160,7 +160,7 @@ def test_a_change_outside_the_suite_selects_no_card(repo: Path, path: str) -> No
 
 
 def test_several_changes_give_each_card_all_its_reasons(repo: Path) -> None:
-    card, patch = "npu_conformance/catalog/gptq-card.yaml", "patches/gptq.py"
+    card, patch = "npu_conformance/catalog/gptq-card.yaml", "npu_conformance/patches/gptq.py"
     commit(repo, {card: "name: gptq-card\npatch: gptq\nmax_tokens: 8\n", patch: "NAME = 'x'\n", "README.md": "x\n"})
     result = changed_cards("main", repo / "npu_conformance/catalog", repo / "npu_conformance/prompts")
     assert result.reasons == {"gptq-card": (Reason(card, "its card"), Reason(patch, "its patch gptq"))}
@@ -180,8 +180,8 @@ def test_uncommitted_changes_count(repo: Path) -> None:
     """Staged, unstaged and untracked files: what the PR will hold once committed."""
     write(repo, {"npu_conformance/catalog/plain.yaml": "name: plain\nmax_tokens: 9\n",
                  "npu_conformance/catalog/new-card.yaml": "name: new-card\npatch: gptq\n",
-                 "patches/fp8_block.py": "NAME = 'staged'\n"})
-    git(repo, "add", "patches/fp8_block.py")
+                 "npu_conformance/patches/fp8_block.py": "NAME = 'staged'\n"})
+    git(repo, "add", "npu_conformance/patches/fp8_block.py")
     assert sorted(selection(repo, "HEAD")) == ["fp8-card", "new-card", "plain"]
 
 

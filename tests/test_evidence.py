@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from npu_conformance.cards import CATALOG_DIR, Card
-from npu_conformance.compare import evidence as evidence_rules
-from npu_conformance.platform import Platform
+from npu_conformance.compare import evidence_rules
+from npu_conformance.platforms import Platform
 from npu_conformance.weights import resolve
 
 pytestmark = pytest.mark.harness

@@ -21,7 +21,7 @@ import yaml
 
 from npu_conformance import baselines, perf
 from npu_conformance.cards import CATALOG_DIR, load_catalog
-from npu_conformance.platform import Platform
+from npu_conformance.platforms import Platform
 from npu_conformance.plugin import STRICT_ENV, strict_default
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -29,7 +29,7 @@ from npu_conformance import serving as sv
 from npu_conformance.cards import CATALOG_DIR, CardError, adhoc_card, load_card, load_catalog, parse_card
 from npu_conformance.engines.server import HOST, group_members
 from npu_conformance.engines.target import NO_TELEMETRY, EngineBootError, VllmRunner, EXIT_STUCK, deadline, descendants
-from npu_conformance.platform import Platform
+from npu_conformance.platforms import Platform
 from npu_conformance.weights import PROBE_TIMEOUT_S, hub_answers, resolve
 
 pytestmark = pytest.mark.robustness
@@ -45,7 +45,7 @@ def usage_error(args: list[str], prompts_dir: Path | None = None) -> str:
     error (exit code 4), not an INTERNALERROR or a traceback. `prompts_dir`
     stands in for the package's prompt sets."""
     argv = ["--collect-only", "-q", "-p", "no:cacheprovider", *args, "tests/test_layout.py"]
-    patch = f"from npu_conformance import cards; cards.PROMPTS_DIR = Path({str(prompts_dir)!r})\n" if prompts_dir else ""
+    patch = f"from npu_conformance.cards import prompts; prompts.PROMPTS_DIR = Path({str(prompts_dir)!r})\n" if prompts_dir else ""
     code = f"import sys\nfrom pathlib import Path\nimport pytest\n{patch}sys.exit(pytest.main({argv!r}))"
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     output = run.stdout + run.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -16,14 +17,12 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "npu_conformance"
-# Where each subpackage's files are (setuptools package-dir in pyproject.toml).
-FOLDERS = {PACKAGE: ROOT / PACKAGE, f"{PACKAGE}.fixtures": ROOT / "fixtures",
-           f"{PACKAGE}.patches": ROOT / "patches", f"{PACKAGE}.reports": ROOT / "reports"}
 # Layers, lowest first: a module may import its own layer and those before it.
+# A folder (subpackage) sits in one layer as a whole.
 LAYERS = [
     ["vllm_api"],
-    ["merge", "platform", "cache", "patches", "devices", "host_load", "contention"],
-    ["compare.metrics"],
+    ["process"],
+    ["merge", "platforms", "cache", "patches", "device_pool", "host_load", "contention"],
     ["cards"],
     ["synthetic", "quantize", "weights"],
     ["engines", "golden"],
@@ -32,19 +31,18 @@ LAYERS = [
     ["reports", "plugin", "cli", "changes"],
     ["fixtures"],
 ]
+# The most lines a module of the package may have: past it, a module holds more than one concern.
+MAX_LINES = 400
+# What the repository root holds besides the package: the mission's folders stay
+# there as documented entry points (a README each), not as the code's home.
+ROOT_FOLDERS = ("fixtures", "patches", "reports")
 
 
 def modules() -> dict[str, Path]:
     found = {}
-    for package, folder in FOLDERS.items():
-        for path in folder.rglob("*.py"):
-            parts = path.relative_to(folder).with_suffix("").parts
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            name = ".".join((package, *parts))
-            if not any(name.startswith(f"{other}.") or name == other
-                       for other in FOLDERS if other != package and other.startswith(f"{package}.")):
-                found[name] = path
+    for path in (ROOT / PACKAGE).rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
 
 
@@ -127,7 +125,7 @@ def test_no_private_name_crosses_a_module() -> None:
 # Where vLLM may be imported: the adapter (each name with its version's module),
 # the patches (vLLM's own hooks, checked against the NPU pin by test_vllm_compat),
 # and the tests of the patches.
-VLLM_DOORS = ("npu_conformance/vllm_api.py", "patches/", "tests/test_patches.py")
+VLLM_DOORS = ("npu_conformance/vllm_api.py", "npu_conformance/patches/", "tests/test_patches.py")
 
 
 def test_vllm_is_imported_only_through_the_adapter() -> None:
@@ -144,12 +142,41 @@ def test_vllm_is_imported_only_through_the_adapter() -> None:
     assert not wrong, "import vLLM through npu_conformance.vllm_api:\n" + "\n".join(wrong)
 
 
-@pytest.mark.parametrize("name", ["fixtures", "patches", "reports"])
+def test_the_folder_tree_is_the_import_tree() -> None:
+    """Every folder of Python files is the package it imports as: no setuptools
+    package-dir mapping, no Python file outside the package, tests/ and conftest.py."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert "package-dir" not in pyproject["tool"]["setuptools"], "pyproject.toml maps a package to another folder"
+    folders = {path.parent for path in (ROOT / PACKAGE).rglob("*.py")}
+    assert not [f for f in folders if not (f / "__init__.py").is_file()], "a folder of modules is no package"
+    stray = [p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py")
+             if not p.relative_to(ROOT).parts[0].startswith(".")
+             and p.relative_to(ROOT).parts[0] not in (PACKAGE, "tests", "conftest.py")]
+    assert not stray, f"Python files outside the package: {stray}"
+    for name in ROOT_FOLDERS:
+        assert (ROOT / name / "README.md").is_file(), f"{name}/ at the root documents where its code lives"
+
+
+def test_each_folder_sits_in_one_layer() -> None:
+    known = modules()
+    for folder in {name.rsplit(".", 1)[0] for name in known if name.count(".") > 1}:
+        layers = {name: layer(name) for name in known if name == folder or name.startswith(f"{folder}.")}
+        assert len(set(layers.values())) == 1, f"{folder} straddles layers: {layers}"
+
+
+def test_no_module_is_over_the_line_limit() -> None:
+    long = {name: n for name, path in modules().items()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split by concern): {long}"
+
+
+@pytest.mark.parametrize("name", ROOT_FOLDERS)
 def test_no_top_level_name_is_installed(name: str, tmp_path: Path) -> None:
-    """Outside the repo only npu_conformance.<name> exists: PyPI's `fixtures` or
-    `reports` in a shared environment is never shadowed by ours."""
+    """Outside the repo only npu_conformance.<name> exists, from its own folder:
+    PyPI's `fixtures` or `reports` in a shared environment is never shadowed by ours."""
     proc = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode != 0 and f"No module named '{name}'" in proc.stderr, proc.stderr
-    ours = subprocess.run([sys.executable, "-c", f"import {PACKAGE}.{name}"], cwd=tmp_path, capture_output=True,
-                          text=True)
+    ours = subprocess.run([sys.executable, "-c", f"import {PACKAGE}.{name} as m; print(m.__file__)"], cwd=tmp_path,
+                          capture_output=True, text=True)
     assert ours.returncode == 0, ours.stderr
+    assert Path(ours.stdout.strip()).as_posix().endswith(f"{PACKAGE}/{name}/__init__.py"), ours.stdout

@@ -6,6 +6,8 @@ import math
 import numpy as np
 import pytest
 
+from npu_conformance.cards import Thresholds
+from npu_conformance.compare import chunks, rules
 from npu_conformance.compare import metrics as m
 
 pytestmark = pytest.mark.unit
@@ -166,12 +168,12 @@ def test_greedy_divergence_is_tie():
         m.greedy_divergence_is_tie(ref_tokens, [0, 2], far_logits, 1.0)
 
 
-def _thresholds(**kw) -> m.Thresholds:
+def _thresholds(**kw) -> Thresholds:
     base = dict(
         mission_rel_err=0.05, cosine=0.99, cosine_rule="absolute", tie_margin=0.02, logprob_top_k=5,
         logprob_floor=0.1, noise_k=2.0, noise_k_max=3.0, dtype_floor=0.05, diagnosis_rel_l2=0.01,
     )
-    return m.Thresholds(**{**base, **kw})
+    return Thresholds(**{**base, **kw})
 
 
 @pytest.fixture
@@ -194,7 +196,7 @@ def _plain(obj) -> bool:
 
 def test_compare_report_shape_and_serialisable(case):
     ref, tgt, tokens = case
-    r = m.compare(ref, tgt, tokens, tokens, ref, tgt, _thresholds())
+    r = rules.compare(ref, tgt, tokens, tokens, ref, tgt, _thresholds())
     json.dumps(r, allow_nan=False)
     assert _plain(r)
     path = {"top1", "logprob_rel_err", "cosine", "logprob_rel_err_position", "logprob_rel_err_full",
@@ -212,7 +214,7 @@ def test_compare_verdicts_flip_at_thresholds(case):
     ref, tgt, tokens = case
 
     def run(**kw):
-        return m.compare(ref, tgt, tokens, tokens, ref, tgt, _thresholds(**kw))
+        return rules.compare(ref, tgt, tokens, tokens, ref, tgt, _thresholds(**kw))
 
     r = run()
     rel, cos = r["logprob_rel_err_mean"], r["cosine_mean"]
@@ -236,7 +238,7 @@ def test_compare_greedy_check(case):
     real = tokens[:2] + [int(ref[2].argmin()), tokens[3]]
 
     def greedy(tgt_tokens, **kw):
-        r = m.compare(ref, tgt, tokens, tgt_tokens, ref, tgt, _thresholds(**kw))
+        r = rules.compare(ref, tgt, tokens, tgt_tokens, ref, tgt, _thresholds(**kw))
         return r["checks"]["greedy"]["passed"], r["greedy_ratio"]
 
     assert greedy(tokens) == (True, 1.0)
@@ -259,7 +261,7 @@ def test_position_local_rule_catches_what_the_mean_dilutes(rng):
     ref = rng.normal(size=(40, 64)) * 3
     tgt = ref.copy()
     tgt[[30, 31]] = ref[[30, 31]] * 1.3  # e.g. a wrong RoPE past a KV block
-    figures, checks = m.logit_figures(ref, tgt, _thresholds(dtype_floor=0.05))
+    figures, checks = rules.logit_figures(ref, tgt, _thresholds(dtype_floor=0.05))
     assert checks["logprob_rel_err"]["passed"] and not checks["logprob_rel_err_position"]["passed"], figures
     assert figures["logprob_rel_err_worst_position"] in (30, 31)
     assert figures["logprob_rel_err_position_max"] > 5 * figures["logprob_rel_err_mean"]
@@ -271,13 +273,13 @@ def test_decode_compared_up_to_first_divergence(case):
     decode = ref.copy()
     decode[2:] = -ref[2:]
     other = tokens[:2] + [int(ref[2].argmin()), tokens[3]]
-    r = m.compare(ref, ref, tokens, other, ref, decode, _thresholds())
+    r = rules.compare(ref, ref, tokens, other, ref, decode, _thresholds())
     # Rows 0..2 share a context: row 2 is where the target chose the other token.
     assert r["decode"]["positions"] == 3
     assert not r["checks"]["decode_top1"]["passed"] and not r["checks"]["greedy"]["passed"]
     # Teacher-forced rows are the reference's own: that part passes.
     assert r["checks"]["top1"]["passed"] and r["checks"]["cosine"]["passed"]
-    clean = m.compare(ref, ref, tokens, tokens, ref, ref, _thresholds())
+    clean = rules.compare(ref, ref, tokens, tokens, ref, ref, _thresholds())
     assert clean["decode"]["positions"] == 4 and clean["passed"]
 
 
@@ -285,7 +287,7 @@ def test_first_generated_row_is_the_one_after_the_prompt(case):
     ref, tgt, tokens = case
     shifted = tgt.copy()
     shifted[1] = -ref[1]  # wrong at the first generated row, with one prompt row before it
-    r = m.compare(ref, shifted, tokens[1:], tokens[1:], ref[1:], ref[1:], _thresholds(), first_generated=1)
+    r = rules.compare(ref, shifted, tokens[1:], tokens[1:], ref[1:], ref[1:], _thresholds(), first_generated=1)
     assert r["prompt_positions"] == 1 and r["top1_first"] is False
 
 
@@ -300,14 +302,14 @@ def test_noise_floor_rule_judges_the_target_against_its_dtypes_own_error(rng):
     noise = _noisy(rng, 0.02, ref)
     tgt = _noisy(rng, 0.03, ref)
     t = _thresholds(dtype_floor=1e-6, mission_rel_err=0.5)
-    figures, checks = m.logit_figures(ref, tgt, t, noise)
+    figures, checks = rules.logit_figures(ref, tgt, t, noise)
     check = checks["logprob_rel_err"]
     assert check["noise"] == figures["noise"]["logprob_rel_err_mean"]
     assert 1.2 < check["ratio"] < 2.0 and check["passed"] and check["threshold"] == 2.0 * check["noise"]
-    assert not m.logit_figures(ref, tgt, _thresholds(dtype_floor=1e-6, noise_k=1.2), noise)[1]["logprob_rel_err"]["passed"]
+    assert not rules.logit_figures(ref, tgt, _thresholds(dtype_floor=1e-6, noise_k=1.2), noise)[1]["logprob_rel_err"]["passed"]
     # The floor: a target within the dtype's rounding passes whatever the noise.
-    assert m.logit_figures(ref, tgt, _thresholds(dtype_floor=1.0, noise_k=0.1), noise)[1]["logprob_rel_err"]["passed"]
-    alone = m.logit_figures(ref, tgt, t)[1]["logprob_rel_err"]
+    assert rules.logit_figures(ref, tgt, _thresholds(dtype_floor=1.0, noise_k=0.1), noise)[1]["logprob_rel_err"]["passed"]
+    alone = rules.logit_figures(ref, tgt, t)[1]["logprob_rel_err"]
     assert not alone["passed"] and alone["threshold"] == 1e-6 and "noise" not in alone
 
 
@@ -316,34 +318,34 @@ def test_bf16_cosine_is_judged_on_the_squared_scale(rng):
     ref = rng.normal(size=(64, 128)) * 3
     noise, tgt = _noisy(rng, 0.02, ref), _noisy(rng, 0.03, ref)
     t = _thresholds(cosine_rule="noise", dtype_floor=1e-6, cosine=0.999999999)
-    check = m.logit_figures(ref, tgt, t, noise)[1]["cosine"]
+    check = rules.logit_figures(ref, tgt, t, noise)[1]["cosine"]
     gap_ratio = (1 - check["value"]) / (1 - check["noise"])
     assert 2.0 < gap_ratio < 4.0 and check["passed"], check  # 1.5x the error, 2.25x the gap, under k^2 = 4
-    assert not m.logit_figures(ref, tgt, _thresholds(cosine_rule="noise", dtype_floor=1e-6, noise_k=1.2),
+    assert not rules.logit_figures(ref, tgt, _thresholds(cosine_rule="noise", dtype_floor=1e-6, noise_k=1.2),
                                noise)[1]["cosine"]["passed"]
     # The absolute rule ignores the noise: this target misses 0.999999999.
-    assert not m.logit_figures(ref, tgt, _thresholds(cosine=0.999999999), noise)[1]["cosine"]["passed"]
+    assert not rules.logit_figures(ref, tgt, _thresholds(cosine=0.999999999), noise)[1]["cosine"]["passed"]
 
 
 def test_top1_flip_is_excused_where_the_noise_floor_flips_too(case):
     ref, tgt, tokens = case
     t = _thresholds(tie_margin=0.0)
-    assert not m.logit_figures(ref, tgt, t)[1]["top1"]["passed"]  # position 2 flips, no tie margin
-    figures, checks = m.logit_figures(ref, tgt, t, tgt)  # the noise floor flips the same position
+    assert not rules.logit_figures(ref, tgt, t)[1]["top1"]["passed"]  # position 2 flips, no tie margin
+    figures, checks = rules.logit_figures(ref, tgt, t, tgt)  # the noise floor flips the same position
     assert checks["top1"]["passed"] and figures["noise"]["top1_flip_positions"] == [2]
-    greedy = m.compare(ref, ref, tokens, tokens[:2] + [1, tokens[3]], ref, ref, t, noise_logits=tgt)
+    greedy = rules.compare(ref, ref, tokens, tokens[:2] + [1, tokens[3]], ref, ref, t, noise_logits=tgt)
     assert greedy["checks"]["greedy"]["passed"]
     assert greedy["greedy_divergence_is_tie"] or greedy["greedy_divergence_is_noise"]
-    assert not m.compare(ref, ref, tokens, tokens[:2] + [1, tokens[3]], ref, ref, t, noise_logits=ref
+    assert not rules.compare(ref, ref, tokens, tokens[:2] + [1, tokens[3]], ref, ref, t, noise_logits=ref
                          )["checks"]["greedy"]["passed"]
 
 
 def test_mission_figure_falls_back_to_the_noise_only_where_the_dtype_misses_it(rng):
     ref = rng.normal(size=(32, 64)) * 3
     noise, tgt = _noisy(rng, 0.2, ref), _noisy(rng, 0.25, ref)
-    held = m.logit_figures(ref, tgt, _thresholds(mission_rel_err=0.5), noise)[1]["logit_rel_diff_mean"]
+    held = rules.logit_figures(ref, tgt, _thresholds(mission_rel_err=0.5), noise)[1]["logit_rel_diff_mean"]
     assert held["threshold"] == 0.5 and held["passed"] and "mission" in held["rule"]
-    missed = m.logit_figures(ref, tgt, _thresholds(mission_rel_err=0.001), noise)[1]["logit_rel_diff_mean"]
+    missed = rules.logit_figures(ref, tgt, _thresholds(mission_rel_err=0.001), noise)[1]["logit_rel_diff_mean"]
     assert missed["passed"] and missed["threshold"] == 2.0 * missed["noise"] and "dtype's own error" in missed["rule"]
 
 
@@ -363,15 +365,15 @@ def test_near_tie_is_measured_against_the_dtypes_own_shift(rng):
     tgt = ref.copy()
     tgt[:, 1] = 10.1  # the target prefers token 1
     t = _thresholds(tie_margin=0.1)
-    assert not m.logit_figures(ref, tgt, t)[1]["top1"]["passed"]
+    assert not rules.logit_figures(ref, tgt, t)[1]["top1"]["passed"]
     shifted = ref.copy()
     shifted[:, 0] -= 0.4  # moves the two log-probs by about 0.2 each, no flip
     shift = m.max_abs_logprob_err(ref, shifted, 5)
-    np.testing.assert_allclose(m.tie_margins(ref, shifted, t), 2 * np.maximum(shift, np.median(shift)))
-    assert m.logit_figures(ref, tgt, t, shifted)[1]["top1"]["passed"]
+    np.testing.assert_allclose(rules.tie_margins(ref, shifted, t), 2 * np.maximum(shift, np.median(shift)))
+    assert rules.logit_figures(ref, tgt, t, shifted)[1]["top1"]["passed"]
     slight = ref.copy()
     slight[:, 0] -= 0.01
-    assert not m.logit_figures(ref, tgt, t, slight)[1]["top1"]["passed"]
+    assert not rules.logit_figures(ref, tgt, t, slight)[1]["top1"]["passed"]
 
 
 def test_near_tie_margin_pools_the_noise_floors_shift_over_positions(rng):
@@ -385,15 +387,15 @@ def test_near_tie_margin_pools_the_noise_floors_shift_over_positions(rng):
     noise[2, 0] = ref[2, 0] - 0.02  # ... and one small draw at position 2
     shift = m.max_abs_logprob_err(ref, noise, 5)
     t = _thresholds(tie_margin=0.1)
-    margins = m.tie_margins(ref, noise, t)
+    margins = rules.tie_margins(ref, noise, t)
     assert margins[2] == pytest.approx(2 * np.median(shift)) and margins[2] > 2 * shift[2]
     np.testing.assert_allclose(np.delete(margins, 2), 2 * np.delete(shift, 2), rtol=1e-3)
     tgt = ref.copy()
     tgt[2, 1] = 10.1  # the target flips position 2 only
-    assert m.logit_figures(ref, tgt, t, noise)[1]["top1"]["passed"]
+    assert rules.logit_figures(ref, tgt, t, noise)[1]["top1"]["passed"]
     far = ref.copy()
     far[2, 5] = 20.0  # a token the golden puts ~10 nats below its top-1
-    assert not m.logit_figures(ref, far, t, noise)[1]["top1"]["passed"]
+    assert not rules.logit_figures(ref, far, t, noise)[1]["top1"]["passed"]
 
 
 def test_figures_chunk_by_chunk_equal_the_whole_array(rng, monkeypatch):
@@ -404,12 +406,12 @@ def test_figures_chunk_by_chunk_equal_the_whole_array(rng, monkeypatch):
     noise = ref + rng.normal(size=ref.shape) * 0.03
     ref[5, 7] = 0.0  # an entry whose relative difference is infinite
     t = _thresholds(cosine_rule="noise")
-    whole = m.logit_figures(ref, tgt, t, noise)
-    monkeypatch.setattr(m, "CHUNK_ENTRIES", 3 * 50)
+    whole = rules.logit_figures(ref, tgt, t, noise)
+    monkeypatch.setattr(chunks, "CHUNK_ENTRIES", 3 * 50)
     sizes = []
-    m.by_rows(lambda r: sizes.append(len(r)) or r[:, 0], ref)
+    chunks.by_rows(lambda r: sizes.append(len(r)) or r[:, 0], ref)
     assert sorted(sizes) == [1] + [3] * 12
-    chunked = m.logit_figures(ref.astype(np.float64), tgt, t, noise)
+    chunked = rules.logit_figures(ref.astype(np.float64), tgt, t, noise)
     assert chunked[1].keys() == whole[1].keys()
     for name, check in whole[1].items():
         assert chunked[1][name]["passed"] == check["passed"]
@@ -425,8 +427,8 @@ def test_median_of_entries_is_exact_in_chunks(rng, monkeypatch, shape):
     b = a + rng.normal(size=shape) * 0.1
     a[0, 0] = 0.0
     whole = float(np.median(m.logit_entries(a, b)))
-    monkeypatch.setattr(m, "CHUNK_ENTRIES", 2 * shape[1])
-    assert m.median_of_entries(m.logit_entries, a, b) == whole
+    monkeypatch.setattr(chunks, "CHUNK_ENTRIES", 2 * shape[1])
+    assert chunks.median_of_entries(m.logit_entries, a, b) == whole
 
 
 def test_median_of_entries_brackets_a_sampled_median_exactly(rng, monkeypatch):
@@ -434,5 +436,5 @@ def test_median_of_entries_brackets_a_sampled_median_exactly(rng, monkeypatch):
     a = rng.normal(size=(1100, 1001))
     b = a + rng.standard_cauchy(size=a.shape) * 0.01
     whole = float(np.median(m.logit_entries(a, b)))
-    monkeypatch.setattr(m, "CHUNK_ENTRIES", 64 * 1001)
-    assert m.median_of_entries(m.logit_entries, a, b) == whole
+    monkeypatch.setattr(chunks, "CHUNK_ENTRIES", 64 * 1001)
+    assert chunks.median_of_entries(m.logit_entries, a, b) == whole

@@ -21,9 +21,10 @@ import pytest
 
 from npu_conformance import baselines, contention, perf
 from npu_conformance.host_load import SwitchingLoad
+from npu_conformance.perf import bench as vllm_bench
 from npu_conformance.cards import Card, PerfSpec
 from npu_conformance.engines.target import NO_TELEMETRY, VllmRunner
-from npu_conformance.platform import Platform
+from npu_conformance.platforms import Platform
 from npu_conformance.plugin import ConformanceSession
 
 
@@ -403,7 +404,7 @@ def test_agrees_with_vllm_benchmark(perf_spec: PerfSpec, card: Card, platform: P
         pytest.skip(f"{card.name} does not compare with vllm bench throughput on {platform.name} (perf.fidelity)")
     settings = baselines.settings()["fidelity"]
     batch = max(perf_spec.batch_sizes)
-    command = perf.bench_command(checkpoint, card, platform.name, batch, perf_spec, calibration.checkpoint,
+    command = vllm_bench.bench_command(checkpoint, card, platform.name, batch, perf_spec, calibration.checkpoint,
                                  settings["calibration_runs"])
     env = {**os.environ, **card.env(platform.name), **NO_TELEMETRY}
     suite, bench, suite_host, bench_host = [], [], [], []
@@ -419,7 +420,7 @@ def test_agrees_with_vllm_benchmark(perf_spec: PerfSpec, card: Card, platform: P
         except perf.HostBusy as why:
             busy.append(f"suite rounds: {why}")
             continue
-        run = perf.run_bench(command, env, pytestconfig.getoption("boot_timeout"))
+        run = vllm_bench.run_bench(command, env, pytestconfig.getoption("boot_timeout"))
         if run.wait_share is not None and run.wait_share > rounds.limit.max_wait_share:
             busy.append(f"bench run waited {run.wait_share:.2f} s per s for a CPU")
             continue
@@ -583,7 +584,7 @@ def test_shipped_baselines_are_valid():
 @pytest.mark.unit
 def test_a_host_reads_only_its_own_devices_baselines():
     from npu_conformance.cards import load_catalog
-    from npu_conformance.platform import Platform
+    from npu_conformance.platforms import Platform
 
     npu = Platform(name="npu", plugin="vllm_ascend", device_name="Ascend910B4", host="Linux aarch64", versions={},
                    device_count=8)
@@ -620,9 +621,9 @@ def test_step_delay_and_its_size():
 @pytest.mark.unit
 def test_bench_output_parsed():
     text = "...\nThroughput: 35.48 requests/s, 3419.47 total tokens/s, 1135.24 output tokens/s\nTotal num ..."
-    assert perf.bench_output_tok_s(text) == 1135.24
+    assert vllm_bench.bench_output_tok_s(text) == 1135.24
     with pytest.raises(ValueError, match="no 'Throughput"):
-        perf.bench_output_tok_s("Traceback ...")
+        vllm_bench.bench_output_tok_s("Traceback ...")
 
 
 @pytest.mark.unit
@@ -631,8 +632,8 @@ def test_bench_command_carries_the_cards_lengths_and_engine():
 
     card = load_catalog()["synthetic-llama"]
     spec = card.platform("cpu").perf
-    cmd = perf.bench_command(Path("/ck"), card, "cpu", 4, spec, Path("/cal"), 10)
-    assert cmd[1:6] == ["-m", perf.BENCH_MODULE, "--calibration", "/cal", "10"]
+    cmd = vllm_bench.bench_command(Path("/ck"), card, "cpu", 4, spec, Path("/cal"), 10)
+    assert cmd[1:6] == ["-m", vllm_bench.BENCH_MODULE, "--calibration", "/cal", "10"]
     text = " ".join(cmd)
     for part in (f"--random-input-len {spec.input_len}", f"--random-output-len {spec.output_len}",
                  f"--num-prompts {4 * spec.rounds}", "--max-num-seqs 4", "--enforce-eager", "--max-model-len 512"):
@@ -872,8 +873,8 @@ def test_contention_counts_the_waits_of_this_process_tree_only() -> None:
 
 @pytest.mark.unit
 def test_bench_wait_line_parsed() -> None:
-    assert perf.WAIT_FIGURE.search(f"x\n{perf.WAIT_LINE} 0.042\n").group(1) == "0.042"
-    assert perf.WAIT_FIGURE.search(f"{perf.WAIT_LINE} unmeasured").group(1) == "unmeasured"
+    assert vllm_bench.WAIT_FIGURE.search(f"x\n{vllm_bench.WAIT_LINE} 0.042\n").group(1) == "0.042"
+    assert vllm_bench.WAIT_FIGURE.search(f"{vllm_bench.WAIT_LINE} unmeasured").group(1) == "unmeasured"
 
 
 @pytest.mark.unit
@@ -890,5 +891,5 @@ def test_roofline():
     ("NVIDIA A10G", 600), ("Tesla T4", 320), ("AMD EPYC", None), ("NVIDIA GH200 480GB", None),
 ])
 def test_published_bandwidth(name, gb_s):
-    entry = perf.published_bandwidth(name, perf.load_devices()["devices"])
+    entry = perf.published_bandwidth(name, perf.load_bandwidths()["devices"])
     assert (entry["bandwidth_gb_s"] if entry else None) == gb_s

@@ -88,7 +88,7 @@ def test_greedy_agreement(precision_results, prompt_id):
 def test_engine_ran_what_the_card_claims(card, engine_evidence):
     """The evidence behind every figure above: vLLM's native class for the card's
     architecture, the card's dtype, an attention backend, and a quantization path
-    the card allows (see npu_conformance/compare/evidence.py)."""
+    the card allows (see npu_conformance/compare/evidence_rules.py)."""
     verdict = engine_evidence["verdict"]
     ran = {k: engine_evidence[k] for k in ("model_class", "dtype", "attention_backends", "quantization")}
     assert verdict["passed"], f"{card.name}: " + "; ".join(verdict["problems"]) + f" (evidence: {ran})"

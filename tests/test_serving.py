@@ -31,9 +31,9 @@ import psutil
 import pytest
 
 from npu_conformance import serving as sv
-from npu_conformance.cards import Card, CardError, load_catalog, parse_card
-from npu_conformance.compare.metrics import Thresholds, log_softmax
-from npu_conformance.platform import Platform
+from npu_conformance.cards import Card, CardError, Thresholds, load_catalog, parse_card
+from npu_conformance.compare.metrics import log_softmax
+from npu_conformance.platforms import Platform
 from npu_conformance.report import PrecisionReport
 from npu_conformance.engines.server import HOST, ServerBootError, ServerProcess, free_port, group_members, started_groups, stop_all
 from npu_conformance.engines.target import VllmRunner

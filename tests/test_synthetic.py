@@ -1,4 +1,4 @@
-"""Builder logic of npu_conformance/synthetic.py, on one real build of the llama recipe."""
+"""Builder logic of npu_conformance/synthetic/, on one real build of the llama recipe."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from npu_conformance import synthetic
+from npu_conformance.merge import deep_merge
 
 pytestmark = pytest.mark.unit  # no engine; the real llama build, shared with the precision run
 
@@ -67,7 +68,7 @@ def test_reuse_does_not_rebuild(llama: Path, cache: Path, monkeypatch: pytest.Mo
     def fail(*args: object) -> None:
         raise AssertionError("rebuilt a valid cached checkpoint")
 
-    monkeypatch.setattr(synthetic, "_build_base", fail)
+    monkeypatch.setattr(synthetic, "build_base", fail)
     assert synthetic.build_checkpoint("llama", cache) == llama
     assert synthetic.build_checkpoint("llama", cache, mutate={}) == llama
 
@@ -178,7 +179,7 @@ def test_concurrent_builders_build_once(llama: Path, cache: Path, monkeypatch: p
 
 def test_deep_merge() -> None:
     base = {"a": {"b": 1, "c": {"d": 2}}, "e": [1], "f": 3}
-    merged = synthetic.deep_merge(base, {"a": {"c": {"d": 5, "x": 6}}, "e": [2], "f": {"g": 1}})
+    merged = deep_merge(base, {"a": {"c": {"d": 5, "x": 6}}, "e": [2], "f": {"g": 1}})
     assert merged == {"a": {"b": 1, "c": {"d": 5, "x": 6}}, "e": [2], "f": {"g": 1}}
     assert base == {"a": {"b": 1, "c": {"d": 2}}, "e": [1], "f": 3}  # not modified
 

@@ -29,7 +29,7 @@ from npu_conformance import vllm_api
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
-PATCHES = ROOT / "patches"
+PATCHES = ROOT / "npu_conformance" / "patches"
 
 
 def npu_pin() -> str:

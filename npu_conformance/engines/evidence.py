@@ -19,7 +19,7 @@ RPC = "conformance_evidence"
 def inspect_model(model: Any) -> dict[str, Any]:
     """The evidence one worker can give about its model (plain data: it is sent back over RPC)."""
     from npu_conformance import patches
-    from npu_conformance.platform import cpu_kernel_build
+    from npu_conformance.platforms import cpu_kernel_build
 
     methods: collections.Counter[str] = collections.Counter()
     kernels: collections.Counter[str] = collections.Counter()

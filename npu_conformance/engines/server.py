@@ -14,7 +14,6 @@ the answering server is the one started (not another on the same port).
 from __future__ import annotations
 
 import atexit
-import ctypes
 import errno
 import os
 import signal
@@ -31,6 +30,8 @@ from typing import Callable, Mapping, Sequence
 import httpx
 import psutil
 
+from npu_conformance import process
+
 HOST = "127.0.0.1"
 HEALTH_PATH = "/health"
 # A port that is free when picked can be taken before the server binds it
@@ -45,9 +46,6 @@ TERM_GRACE_S = 15.0
 _HEALTH_CLIENT = httpx.Client(timeout=5.0, trust_env=False)
 
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-# Loaded here, not in the child between fork and exec, where little is safe to do.
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 # The leader of a server's process group and the server's parent: it waits for
 # the server and exits as it does. The group's SIGTERM (stop) is the server's to
 # act on. SIGUSR1, which the kernel sends the guard when the process that started
@@ -64,21 +62,6 @@ sys.exit(code if code >= 0 else 128 - code)
 
 class ServerBootError(RuntimeError):
     """The server exited, or was not healthy in time; the message carries its log tail."""
-
-
-def _signalled_when_dead(parent: int, sig: signal.Signals) -> Callable[[], None] | None:
-    """A preexec_fn that has the kernel send the child `sig` when `parent` dies
-    (Linux; None elsewhere). The signal follows the thread that forks, so servers
-    are started from threads that live as long as the run (the main one)."""
-    if _LIBC is None:
-        return None
-    libc = _LIBC
-
-    def arm() -> None:
-        if libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0 or os.getppid() != parent:
-            os._exit(127)  # not armed, or the parent died before it was: never run unguarded
-
-    return arm
 
 
 def free_port(host: str = HOST) -> int:
@@ -175,7 +158,7 @@ class ServerProcess:
             self._proc = subprocess.Popen(
                 [sys.executable, "-c", _GUARD, *self.argv], env=self.env, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_signalled_when_dead(os.getpid(), signal.SIGUSR1),
+                preexec_fn=process.signalled_when_dead(os.getpid(), signal.SIGUSR1),
             )
         _LIVE[self._proc.pid] = self
         _STARTED.append(self._proc.pid)
@@ -240,11 +223,11 @@ class ServerProcess:
             return
         proc, self._proc = self._proc, None
         pgid = proc.pid  # start_new_session made the guard its group's leader
-        _signal_group(pgid, signal.SIGTERM)
+        process.signal_group(pgid, signal.SIGTERM)
         try:
             proc.wait(grace_s)
         except subprocess.TimeoutExpired:
-            _signal_group(pgid, signal.SIGKILL)
+            process.signal_group(pgid, signal.SIGKILL)
             proc.wait()
         _LIVE.pop(proc.pid, None)
         # Engine processes forked by the server outlive it for a moment, or hang.
@@ -253,15 +236,8 @@ class ServerProcess:
             if time.monotonic() > deadline + grace_s:
                 raise RuntimeError(f"server group {pgid} survives SIGKILL: {[p.pid for p in members]}")
             if time.monotonic() > deadline:
-                _signal_group(pgid, signal.SIGKILL)
+                process.signal_group(pgid, signal.SIGKILL)
             time.sleep(0.1)
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def started_groups() -> list[int]:

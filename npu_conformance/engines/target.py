@@ -30,7 +30,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 import psutil
 
-from npu_conformance import patches, vllm_api
+from npu_conformance import patches, process, vllm_api
+from npu_conformance.cards import Card
 from npu_conformance.engines import capture, evidence, worker
 
 
@@ -54,20 +55,6 @@ class _LogTail(logging.Handler):
 
     def text(self) -> str:
         return "\n".join(self.records)
-
-
-@contextlib.contextmanager
-def _env(values: Mapping[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
 
 
 # How long a call may stay stuck past its deadline where SIGALRM's handler cannot
@@ -218,11 +205,21 @@ class VllmRunner:
         self._log = _LogTail(200)
         self._stack = contextlib.ExitStack()
 
+    @classmethod
+    def for_card(cls, card: Card, checkpoint: Path, platform: str, boot_timeout_s: float, request_timeout_s: float,
+                 env: Mapping[str, str] | None = None) -> "VllmRunner":
+        """The engine `card` deploys on `platform`: its dtype, engine arguments,
+        environment (`env` over it: a device placement's) and fault, if it has one."""
+        return cls(checkpoint, dtype=card.dtype, trust_remote_code=card.trust_remote_code,
+                   engine_args=card.engine_args(platform), env={**card.env(platform), **(env or {})},
+                   boot_timeout_s=boot_timeout_s, request_timeout_s=request_timeout_s,
+                   fault=card.fault.model_dump() if card.fault else None)
+
     def log_tail(self) -> str:
         return self._log.text()
 
     def __enter__(self) -> "VllmRunner":
-        self._stack.enter_context(_env(self.env))
+        self._stack.enter_context(process.env_overrides(self.env))
         vllm_logger = logging.getLogger("vllm")
         vllm_logger.addHandler(self._log)
         self._stack.callback(vllm_logger.removeHandler, self._log)

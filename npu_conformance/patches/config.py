@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from npu_conformance.patches.common import HOOK_MARK, LOGGER
+from npu_conformance.process import env_overrides
 from npu_conformance.patches.loader import patch_for
 
 ENV = "NPU_CONFORMANCE_DEQUANT"
@@ -90,20 +91,14 @@ def probe(checkpoint: str, dtype: str) -> str | None:
     Builds vLLM's own model config only: no weights are read, no engine boots."""
     from vllm.config.model import ModelConfig
 
-    saved = os.environ.get(ENV)
     # With the patch off the config is vLLM's own; the platform's refusal comes as its error.
-    os.environ[ENV] = "off"
     try:
-        model_config = ModelConfig(model=checkpoint, dtype=dtype, skip_tokenizer_init=True)
+        with env_overrides({ENV: "off"}):
+            model_config = ModelConfig(model=checkpoint, dtype=dtype, skip_tokenizer_init=True)
     except ValueError as exc:
         if not PLATFORM_REFUSES.search(str(exc)):
             raise
         return _one_line(exc)
-    finally:
-        if saved is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = saved
     patch = patch_for(model_config.model_arch_config.quantization_config)
     return None if patch is None else missing_kernel(patch, model_config)
 

@@ -33,9 +33,9 @@ __all__ = ["CheckpointError", "ENV", "applied", "decisions", "probe", "register"
 
 def register() -> None:
     """Install both hooks; safe to call any number of times. Also caps this
-    process's CPU kernels where NPU_CONFORMANCE_CPU_ISA says so (platform.force_isa)."""
+    process's CPU kernels where NPU_CONFORMANCE_CPU_ISA says so (platforms.force_isa)."""
     from npu_conformance.patches import config, loader
-    from npu_conformance.platform import force_isa
+    from npu_conformance.platforms import force_isa
 
     force_isa()
     config.install()

@@ -1,4 +1,4 @@
-"""NPU_CONFORMANCE_CPU_ISA (platform.force_isa): the AVX2 path is forceable on any
+"""NPU_CONFORMANCE_CPU_ISA (platforms.force_isa): the AVX2 path is forceable on any
 x86 host, and a forced run reports the capped flags. Each case runs in a fresh
 interpreter: the caps are process-wide."""
 
@@ -14,11 +14,11 @@ pytestmark = pytest.mark.unit
 
 PROBE = """
 import os, torch
-from npu_conformance import platform
-print(platform.force_isa())
+from npu_conformance import platforms
+print(platforms.force_isa())
 print(os.environ["ATEN_CPU_CAPABILITY"], os.environ["ONEDNN_MAX_CPU_ISA"])
 print(torch.cpu._is_avx512_supported(), torch.cpu._is_avx512_bf16_supported(), torch.cpu._is_amx_tile_supported())
-print(" ".join(platform._cpu_flags()))
+print(" ".join(platforms._cpu_flags()))
 """
 
 

@@ -1,4 +1,4 @@
-"""The device pool (npu_conformance.devices) with fake device counts: shares per
+"""The device pool (npu_conformance.device_pool) with fake device counts: shares per
 xdist worker, the devices and visible-devices variable each card's engine gets,
 and the wait for a device's memory."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from test_cards import GOOD, write
 
-from npu_conformance import devices
+from npu_conformance import device_pool
 from npu_conformance.cards import CardError, load_card, load_catalog
 from npu_conformance.plugin import card_of_test
 
@@ -25,20 +25,20 @@ TP = {1: "synthetic-llama", 2: "synthetic-llama-tp2"}
     ("0-1,1-2", [0, 1, 2]),
 ])
 def test_device_lists(spec: str, expected: list[int]) -> None:
-    assert devices.parse(spec) == expected
+    assert device_pool.parse(spec) == expected
 
 
 @pytest.mark.parametrize("spec, words", [("", "'' is not a device index"), ("a", "'a' is not"),
                                          ("3-1", "runs backwards"), ("0,,1", "'' is not"), ("-1", "'-1' is not")])
 def test_bad_device_lists_say_why(spec: str, words: str) -> None:
-    with pytest.raises(devices.DeviceError, match=words):
-        devices.parse(spec)
+    with pytest.raises(device_pool.DeviceError, match=words):
+        device_pool.parse(spec)
 
 
 def test_cards_need_their_parallel_sizes() -> None:
     catalog = load_catalog()
-    assert {tp: devices.needed(catalog[name].engine_args("npu")) for tp, name in TP.items()} == {1: 1, 2: 2}
-    assert devices.needed({"tensor_parallel_size": 2, "data_parallel_size": 2, "pipeline_parallel_size": 2}) == 8
+    assert {tp: device_pool.needed(catalog[name].engine_args("npu")) for tp, name in TP.items()} == {1: 1, 2: 2}
+    assert device_pool.needed({"tensor_parallel_size": 2, "data_parallel_size": 2, "pipeline_parallel_size": 2}) == 8
 
 
 @pytest.mark.parametrize("count", [1, 2, 4, 8])
@@ -49,36 +49,36 @@ def test_each_worker_gets_its_own_devices(count: int, workers: int, tp: int) -> 
     worker gets devices of that worker's share only, never another's."""
     pool = list(range(count))
     if workers > count:
-        with pytest.raises(devices.DeviceError, match=f"{workers} xdist workers for {count} devices"):
-            devices.split(pool, workers)
+        with pytest.raises(device_pool.DeviceError, match=f"{workers} xdist workers for {count} devices"):
+            device_pool.split(pool, workers)
         return
-    shares = devices.split(pool, workers)
+    shares = device_pool.split(pool, workers)
     assert len(shares) == workers and all(len(s) == count // workers for s in shares)
     assert all(set(a).isdisjoint(b) for a, b in itertools.combinations(shares, 2))
-    needed = devices.needed(load_catalog()[TP[tp]].engine_args("npu"))
+    needed = device_pool.needed(load_catalog()[TP[tp]].engine_args("npu"))
     for share in shares:
         if needed > len(share):
-            with pytest.raises(devices.DeviceError, match=f"needs {needed} devices, and this worker has {len(share)}"):
-                devices.place(share, needed, VARIABLE)
+            with pytest.raises(device_pool.DeviceError, match=f"needs {needed} devices, and this worker has {len(share)}"):
+                device_pool.place(share, needed, VARIABLE)
             continue
-        placement = devices.place(share, needed, VARIABLE)
+        placement = device_pool.place(share, needed, VARIABLE)
         assert placement.devices == tuple(share[:needed])
         assert placement.env == {VARIABLE: ",".join(map(str, share[:needed]))}
 
 
 def test_shares_of_a_given_list() -> None:
-    assert devices.split(devices.parse("0-7"), 4) == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    assert devices.split([0, 2, 4], 2) == [[0], [2]]  # the rest is unused, not handed out unevenly
-    assert devices.place([4, 5], 2, "CUDA_VISIBLE_DEVICES").env == {"CUDA_VISIBLE_DEVICES": "4,5"}
+    assert device_pool.split(device_pool.parse("0-7"), 4) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert device_pool.split([0, 2, 4], 2) == [[0], [2]]  # the rest is unused, not handed out unevenly
+    assert device_pool.place([4, 5], 2, "CUDA_VISIBLE_DEVICES").env == {"CUDA_VISIBLE_DEVICES": "4,5"}
 
 
 def test_a_platform_without_devices_places_nothing() -> None:
-    assert devices.split([], 3) == [[], [], []]
-    assert devices.place([], 2, None) == devices.Placement((), {})
+    assert device_pool.split([], 3) == [[], [], []]
+    assert device_pool.place([], 2, None) == device_pool.Placement((), {})
 
 
 def test_worker_index() -> None:
-    assert [devices.worker_index(w) for w in (None, "master", "gw0", "gw7")] == [0, 0, 0, 7]
+    assert [device_pool.worker_index(w) for w in (None, "master", "gw0", "gw7")] == [0, 0, 0, 7]
 
 
 class FakeDevices:
@@ -98,22 +98,22 @@ class FakeDevices:
 
 def test_memory_wait_returns_once_memory_is_back() -> None:
     fake = FakeDevices({0: [0.1, 0.5, 0.95], 1: [0.95]})
-    waited = devices.wait_for_memory([0, 1], fake.fraction, 0.92, deadline_s=10, clock=lambda: fake.now,
+    waited = device_pool.wait_for_memory([0, 1], fake.fraction, 0.92, deadline_s=10, clock=lambda: fake.now,
                                      sleep=fake.sleep)
     assert waited == 2.0
 
 
 def test_memory_wait_times_out_with_the_figures() -> None:
     fake = FakeDevices({0: [0.95], 1: [0.3]})
-    with pytest.raises(devices.DeviceError) as err:
-        devices.wait_for_memory([0, 1], fake.fraction, 0.92, deadline_s=5, clock=lambda: fake.now, sleep=fake.sleep)
+    with pytest.raises(device_pool.DeviceError) as err:
+        device_pool.wait_for_memory([0, 1], fake.fraction, 0.92, deadline_s=5, clock=lambda: fake.now, sleep=fake.sleep)
     assert str(err.value) == ("device memory not back within 5 s (device 1: 30% free; the engine needs 92%): "
                               "another process holds it")
     assert fake.now == 5.0
 
 
 def test_no_devices_no_wait() -> None:
-    assert devices.wait_for_memory([], lambda d: pytest.fail("probed"), 0.92, deadline_s=0) == 0.0
+    assert device_pool.wait_for_memory([], lambda d: pytest.fail("probed"), 0.92, deadline_s=0) == 0.0
 
 
 def test_granite_deploys_with_tp2_on_32gb_parts() -> None:
@@ -125,8 +125,8 @@ def test_granite_deploys_with_tp2_on_32gb_parts() -> None:
     assert small.part == "32gb-tp2" and small.engine_args("npu")["tensor_parallel_size"] == 2
     settings = small.platform("npu")
     assert (settings.runner, settings.devices, settings.perf) == ("linux-aarch64-a2b3-2", 2, None)
-    assert devices.needed(small.engine_args("npu")) == settings.devices
-    assert granite.platform("npu").runner == "linux-aarch64-a2b3-1" and devices.needed(granite.engine_args("npu")) == 1
+    assert device_pool.needed(small.engine_args("npu")) == settings.devices
+    assert granite.platform("npu").runner == "linux-aarch64-a2b3-1" and device_pool.needed(granite.engine_args("npu")) == 1
 
 
 def test_every_seed_card_says_where_it_runs() -> None:
@@ -134,7 +134,7 @@ def test_every_seed_card_says_where_it_runs() -> None:
     assert len(seeds) == 4
     for card in seeds:
         npu = card.platform("npu")
-        assert npu.runner and npu.devices == devices.needed(card.engine_args("npu")), card.name
+        assert npu.runner and npu.devices == device_pool.needed(card.engine_args("npu")), card.name
 
 
 @pytest.mark.parametrize("platforms, field", [
@@ -159,7 +159,7 @@ def test_tests_are_scheduled_by_their_card() -> None:
         "tests/test_precision.py::test_engine_ran_what_the_card_claims[synthetic-granite]": "synthetic-granite",
         "tests/test_conditions.py::test_condition[synthetic-llama+graph-graph-en_capital]": "synthetic-llama",
         "tests/test_perf.py::test_throughput[synthetic-granite-bs4]": "synthetic-granite",
-        "tests/test_devices.py::test_worker_index": None,
-        "tests/test_devices.py::test_device_lists[0-7-expected0]": None,
+        "tests/test_device_pool.py::test_worker_index": None,
+        "tests/test_device_pool.py::test_device_lists[0-7-expected0]": None,
     }
     assert {nodeid: card_of_test(nodeid, names) for nodeid in cases} == cases
