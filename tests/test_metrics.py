@@ -73,16 +73,22 @@ def test_top1_tie_rule():
     assert m.top1_match(ref, far, 2.1).all()
 
 
-def test_top1_exact_tie_in_the_target_matches_and_a_preference_does_not():
-    # bf16 logits 0.25 apart: the golden puts token 0 half a nat ahead, past the margin.
-    ref = np.array([[32.5, 32.0, 0.0]])
-    tied = np.array([[32.25, 32.25, 0.0]])  # argmax breaks the tie by index: token 0 here...
-    tied_other_order = np.array([[32.0, 32.0, 0.0], [32.0, 32.25, 0.0]])
-    assert m.top1_match(ref, tied, 0.1).all()
-    reversed_ref = ref[:, [1, 0, 2]]  # ...and token 0 is the golden's second here: still a tie
-    assert m.top1_match(reversed_ref, tied, 0.1).all()
-    assert m.top1_match(ref, tied_other_order[:1], 0.1).all()
-    assert not m.top1_match(ref, tied_other_order[1:], 0.1).any()  # one step of preference is a flip
+def test_top1_a_tie_in_the_target_gets_one_grid_step_more_and_a_preference_does_not() -> None:
+    bf16 = 2.0 ** -7  # grid step 0.25 at logits of 32-64
+    ref = np.array([[32.0, 32.5, 0.0]])  # the golden's top-1 is token 1, half a nat ahead of token 0
+    tied = np.array([[32.25, 32.25, 0.0]])  # argmax breaks the tie by id: token 0
+    assert m.top1_match(ref, tied, 0.3, bf16).all()  # 0.3 + 0.25 covers the 0.5-nat gap
+    assert not m.top1_match(ref, tied, 0.2, bf16).any()  # 0.2 + 0.25 does not
+    assert not m.top1_match(ref, tied, 0.3).any()  # no grid: no extra step
+    preferred = np.array([[32.5, 32.25, 0.0]])  # one step of preference: rounding never reverses an order
+    assert not m.top1_match(ref, preferred, 0.3, bf16).any()
+
+
+def test_top1_a_target_of_one_value_everywhere_fails() -> None:
+    # A broken target (an inverted scale) ties every token: the tie is no excuse past the golden's gap.
+    ref = np.array([[0.0, 5.0, 0.0], [4.0, 0.0, 3.0]])
+    flat = np.zeros_like(ref)
+    assert m.top1_match(ref, flat, 0.1, 2.0 ** -7).tolist() == [False, True]
 
 
 def test_top1_exact_tie_in_reference_matches_at_zero_margin():
@@ -171,7 +177,7 @@ def test_greedy_divergence_is_tie():
 def _thresholds(**kw) -> Thresholds:
     base = dict(
         mission_rel_err=0.05, cosine=0.99, cosine_rule="absolute", tie_margin=0.02, logprob_top_k=5,
-        logprob_floor=0.1, noise_k=2.0, noise_k_max=3.0, dtype_floor=0.05, diagnosis_rel_l2=0.01,
+        logprob_floor=0.1, noise_k=2.0, noise_k_max=3.0, dtype_floor=0.05, dtype_eps=0.0, diagnosis_rel_l2=0.01,
     )
     return Thresholds(**{**base, **kw})
 

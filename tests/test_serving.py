@@ -432,7 +432,8 @@ def test_logprob_comparison_rule() -> None:
     lp = log_softmax(logits)
     tokens = [int(t) for t in logits.argmax(axis=-1)]
     t = Thresholds(mission_rel_err=0.01, cosine=0.9999, cosine_rule="absolute", tie_margin=0.05, logprob_top_k=3,
-                   logprob_floor=0.01, noise_k=2.0, noise_k_max=3.0, dtype_floor=6.1e-5, diagnosis_rel_l2=0.01)
+                   logprob_floor=0.01, noise_k=2.0, noise_k_max=3.0, dtype_floor=6.1e-5,
+                   dtype_eps=2.0 ** -23, diagnosis_rel_l2=0.01)
 
     def top(scale: float) -> list[dict[str, float]]:
         return [{f"token_id:{j}": float(lp[i, j] * scale) for j in np.argsort(lp[i])[-3:]} for i in range(4)]

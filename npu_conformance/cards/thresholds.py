@@ -13,6 +13,9 @@ from pydantic import AfterValidator, Field, StrictFloat, model_validator
 from npu_conformance.cards.errors import Problem
 from npu_conformance.cards.schema import Dtype, PositiveInt, PositiveNumber, Section
 
+# The formats' machine epsilon (the spacing of their numbers at 1.0): facts of the dtypes, not card data.
+DTYPE_EPS = {"float32": 2.0 ** -23, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
+
 # How the mean cosine of raw logits is judged: against the mission's absolute figure, or the noise floor.
 CosineRule = Literal["absolute", "noise"]
 
@@ -42,6 +45,9 @@ class Thresholds:
     noise_k: float
     noise_k_max: float
     dtype_floor: float
+    # The target dtype's machine epsilon: its logits lie on a grid of
+    # dtype_eps x 2^floor(log2 |logit|) (0.25 for a bf16 logit of 32-64).
+    dtype_eps: float
     # Not a precision check: where diagnosis (compare.diagnosis) says a hidden state diverges.
     diagnosis_rel_l2: float
 
@@ -93,4 +99,4 @@ class ThresholdSpec(Section):
             mission_rel_err=self.mission_rel_err, cosine=self.cosine, cosine_rule=self.noise.cosine[dtype],
             tie_margin=self.tie_margin, logprob_top_k=self.logprob_top_k, logprob_floor=self.logprob_floor,
             noise_k=self.noise.k, noise_k_max=self.noise.k_max, dtype_floor=self.noise.floor[dtype],
-            diagnosis_rel_l2=self.diagnosis_rel_l2[dtype])
+            dtype_eps=DTYPE_EPS[dtype], diagnosis_rel_l2=self.diagnosis_rel_l2[dtype])

@@ -12,14 +12,14 @@ value, the limit, the noise floor's value and their ratio.
 
 Figures and rules:
 
-- top1 (tie-aware): position i matches if the target's logits tie the golden's
-  top-1 token with their maximum, or if the golden's own log-prob of the
+- top1 (tie-aware): position i matches if the golden's own log-prob of the
   target's argmax token is within the position's tie margin of the golden's
   maximum: `tie_margin` nats, or `noise_k` times the shift the noise
   floor's rounding makes among the golden's top-k there, never less than
   its median shift over the positions (bf16 moves a confident model's
-  log-probs by 0.1-0.4 nats), or where the noise-floor reference flips
-  that position on its own.
+  log-probs by 0.1-0.4 nats), plus one step of the target dtype's grid where
+  the target's logits tie the golden's top-1 with their maximum; or where the
+  noise-floor reference flips that position on its own.
 - logprob relative error: for each of the golden's top-k tokens at each
   position, |lp_tgt - lp_ref| / max(|lp_ref|, floor). The floor keeps a
   confident top-1 (lp ~ 0) from turning noise into a huge ratio. The mean
@@ -138,7 +138,7 @@ def logit_figures(ref: np.ndarray, tgt: np.ndarray, t: Thresholds, noise: np.nda
     figures = figures_of(ref, tgt, t)
     n = figures_of(ref, noise, t) if noise is not None else None
     margins = tie_margins(ref, noise, t)
-    match = by_rows(top1_match, ref, tgt, margins)
+    match = by_rows(lambda r, g, m: top1_match(r, g, m, t.dtype_eps), ref, tgt, margins)
     if noise is not None:
         # A flip is rounding where the same dtype flips the same position on its own.
         noise_flips = np.asarray(noise).argmax(axis=-1) != np.asarray(ref).argmax(axis=-1)
@@ -163,10 +163,11 @@ def logit_figures(ref: np.ndarray, tgt: np.ndarray, t: Thresholds, noise: np.nda
                                                                           f"{t.cosine} reported, not judged)"}
     checks = {
         "top1": _check(figures["top1_rate"], 1.0, match.all(),
-                       "every position's top-1 matches (a tie in the target's logits included), or the golden "
-                       f"puts both within {t.tie_margin} nats (or "
+                       "every position's top-1 matches, or the golden puts both within "
+                       f"{t.tie_margin} nats (or "
                        f"{t.noise_k:g} x the noise-floor reference's largest top-{k} shift there, at least its median "
-                       "over the positions), or the noise-floor reference flips it too"),
+                       "over the positions; one step of the target dtype's grid more where the target's logits tie "
+                       "them), or the noise-floor reference flips it too"),
         "logprob_rel_err": _noise_rule(figures["logprob_rel_err_mean"], of("logprob_rel_err_mean"), t.noise_k, floor,
                                        f"mean over positions and golden top-{k} of "
                                        f"|dlogprob|/max(|logprob|, {t.logprob_floor})"),
@@ -238,7 +239,7 @@ def compare(
     first = slice(first_generated, first_generated + 1)
     # The margin's median comes from every position, as in the top1 check.
     match_first = top1_match(np.asarray(ref_logits)[first], np.asarray(tgt_logits)[first],
-                             tie_margins(ref_logits, noise_logits, t)[first])
+                             tie_margins(ref_logits, noise_logits, t)[first], t.dtype_eps)
     if noise_logits is not None:
         match_first |= np.asarray(noise_logits)[first].argmax(axis=-1) != np.asarray(ref_logits)[first].argmax(axis=-1)
     return {
