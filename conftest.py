@@ -4,8 +4,8 @@ its reports) is the npu_conformance.plugin entry point; the machinery is the
 npu_conformance package."""
 
 pytest_plugins = (
-    "npu_conformance.fixtures.checkpoint",
-    "npu_conformance.fixtures.reference",
-    "npu_conformance.fixtures.target",
-    "npu_conformance.fixtures.server",
+    "fixtures.checkpoint",
+    "fixtures.reference",
+    "fixtures.target",
+    "fixtures.server",
 )

@@ -45,7 +45,7 @@ CARD_DATA = ("npu_conformance/catalog/", "npu_conformance/prompts/", "npu_confor
 BASELINES = "npu_conformance/data/perf_baselines/"
 PATCHES = "npu_conformance/patches/"
 # How every card is run and judged; the NPU workflow too, which runs them.
-MACHINERY_DIRS = ("npu_conformance/", "tests/")
+MACHINERY_DIRS = ("npu_conformance/", "fixtures/", "tests/")
 MACHINERY_FILES = ("conftest.py", "pyproject.toml", ".github/workflows/npu-conformance.yaml")
 
 

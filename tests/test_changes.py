@@ -47,7 +47,7 @@ TREE = {
     "npu_conformance/patches/loader.py": "LOADER = 1\n",
     "npu_conformance/patches/gptq.py": "NAME = 'gptq'\n",
     "npu_conformance/patches/fp8_block.py": "NAME = 'fp8_block'\n",
-    "npu_conformance/fixtures/target.py": "",
+    "fixtures/target.py": "",
     "tests/test_x.py": "",
     "conftest.py": "",
     "pyproject.toml": "",
@@ -140,7 +140,7 @@ def test_the_patch_hooks_select_every_card(repo: Path, path: str) -> None:
 
 @pytest.mark.parametrize(("path", "why"), [
     ("npu_conformance/cards.py", "shared machinery"),
-    ("npu_conformance/fixtures/target.py", "shared machinery"),
+    ("fixtures/target.py", "shared machinery"),
     ("tests/test_x.py", "shared machinery"),
     ("conftest.py", "shared machinery"),
     ("pyproject.toml", "shared machinery"),

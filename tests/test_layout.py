@@ -33,14 +33,17 @@ LAYERS = [
 ]
 # The most lines a module of the package may have: past it, a module holds more than one concern.
 MAX_LINES = 400
-# What the repository root holds besides the package: the mission's folders stay
-# there as documented entry points (a README each), not as the code's home.
-ROOT_FOLDERS = ("fixtures", "patches", "reports")
+# The pytest fixtures: a package of the repository, registered by conftest.py and
+# never installed (outside the repo `fixtures` stays PyPI's name).
+FIXTURES = "fixtures"
+# The mission's other root folders stay there as documented entry points (a README
+# each): their code is npu_conformance's, which vLLM and the CLI import when installed.
+ROOT_FOLDERS = ("patches", "reports")
 
 
 def modules() -> dict[str, Path]:
     found = {}
-    for path in (ROOT / PACKAGE).rglob("*.py"):
+    for path in [*(ROOT / PACKAGE).rglob("*.py"), *(ROOT / FIXTURES).rglob("*.py")]:
         parts = path.relative_to(ROOT).with_suffix("").parts
         found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
@@ -144,14 +147,14 @@ def test_vllm_is_imported_only_through_the_adapter() -> None:
 
 def test_the_folder_tree_is_the_import_tree() -> None:
     """Every folder of Python files is the package it imports as: no setuptools
-    package-dir mapping, no Python file outside the package, tests/ and conftest.py."""
+    package-dir mapping, no Python file outside the package, fixtures/, tests/ and conftest.py."""
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     assert "package-dir" not in pyproject["tool"]["setuptools"], "pyproject.toml maps a package to another folder"
-    folders = {path.parent for path in (ROOT / PACKAGE).rglob("*.py")}
+    folders = {path.parent for path in modules().values()}
     assert not [f for f in folders if not (f / "__init__.py").is_file()], "a folder of modules is no package"
     stray = [p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py")
              if not p.relative_to(ROOT).parts[0].startswith(".")
-             and p.relative_to(ROOT).parts[0] not in (PACKAGE, "tests", "conftest.py")]
+             and p.relative_to(ROOT).parts[0] not in (PACKAGE, FIXTURES, "tests", "conftest.py")]
     assert not stray, f"Python files outside the package: {stray}"
     for name in ROOT_FOLDERS:
         assert (ROOT / name / "README.md").is_file(), f"{name}/ at the root documents where its code lives"
@@ -159,7 +162,8 @@ def test_the_folder_tree_is_the_import_tree() -> None:
 
 def test_each_folder_sits_in_one_layer() -> None:
     known = modules()
-    for folder in {name.rsplit(".", 1)[0] for name in known if name.count(".") > 1}:
+    parents = {name.rsplit(".", 1)[0] for name in known if "." in name}
+    for folder in parents - {PACKAGE}:
         layers = {name: layer(name) for name in known if name == folder or name.startswith(f"{folder}.")}
         assert len(set(layers.values())) == 1, f"{folder} straddles layers: {layers}"
 
@@ -170,12 +174,21 @@ def test_no_module_is_over_the_line_limit() -> None:
     assert not long, f"modules over {MAX_LINES} lines (split by concern): {long}"
 
 
+def _not_importable_outside_the_repo(name: str, cwd: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=cwd, capture_output=True, text=True)
+    assert proc.returncode != 0 and f"No module named '{name}'" in proc.stderr, proc.stderr
+
+
+def test_the_fixtures_are_not_installed(tmp_path: Path) -> None:
+    """PyPI's `fixtures` in a shared environment is never shadowed by ours."""
+    _not_importable_outside_the_repo(FIXTURES, tmp_path)
+
+
 @pytest.mark.parametrize("name", ROOT_FOLDERS)
 def test_no_top_level_name_is_installed(name: str, tmp_path: Path) -> None:
     """Outside the repo only npu_conformance.<name> exists, from its own folder:
-    PyPI's `fixtures` or `reports` in a shared environment is never shadowed by ours."""
-    proc = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=tmp_path, capture_output=True, text=True)
-    assert proc.returncode != 0 and f"No module named '{name}'" in proc.stderr, proc.stderr
+    PyPI's `reports` in a shared environment is never shadowed by ours."""
+    _not_importable_outside_the_repo(name, tmp_path)
     ours = subprocess.run([sys.executable, "-c", f"import {PACKAGE}.{name} as m; print(m.__file__)"], cwd=tmp_path,
                           capture_output=True, text=True)
     assert ours.returncode == 0, ours.stderr

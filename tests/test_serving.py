@@ -37,7 +37,7 @@ from npu_conformance.platforms import Platform
 from npu_conformance.report import PrecisionReport
 from npu_conformance.engines.server import HOST, ServerBootError, ServerProcess, free_port, group_members, started_groups, stop_all
 from npu_conformance.engines.target import VllmRunner
-from npu_conformance.fixtures.server import ServerFactory, attach
+from fixtures.server import ServerFactory, attach
 
 pytestmark = pytest.mark.serving
 
