@@ -92,6 +92,26 @@ class Entry(_Model):
             return None
         return (max(values) - min(values)) / 2 / statistics.median(values)
 
+    def at_host_speed(self, calibration_tok_s: float, window: float) -> tuple["Entry", str | None]:
+        """The runs recorded at a host speed like this run's: their calibration
+        within `window` times `calibration_tok_s` either way (data/perf.yaml says
+        why), or every run where none was; and which were taken (None where no
+        run recorded a calibration)."""
+        speeds = [r.calibration_tok_s for r in self.runs if r.calibration_tok_s is not None]
+        if not speeds:
+            return self, None
+        near = tuple(r for r in self.runs if r.calibration_tok_s is not None
+                     and max(r.calibration_tok_s, calibration_tok_s) / min(r.calibration_tok_s, calibration_tok_s)
+                     <= window)
+        recorded = f"{min(speeds):.0f}-{max(speeds):.0f} tok/s"
+        if near:
+            return self.model_copy(update={"runs": near}), (
+                f"{len(near)} of {len(self.runs)} recorded runs at a host speed within {window:g}x of this run's "
+                f"(calibration {calibration_tok_s:.0f} tok/s; all runs {recorded})")
+        return self, (f"no recorded run at a host speed within {window:g}x of this run's (calibration "
+                      f"{calibration_tok_s:.0f} tok/s, runs {recorded}): judged against all {len(self.runs)}, "
+                      f"though the normalized figure can move that far; record runs at this speed")
+
     def summary(self) -> dict[str, Any]:
         """The figures the gate used, for the report."""
         return {"tok_s": self.tok_s, "tok_s_noise": self.noise("tok_s"), "normalized": self.normalized,

@@ -522,6 +522,27 @@ def test_gate_follows_the_host_and_catches_the_engine():
 
 
 @pytest.mark.unit
+def test_gate_reads_the_runs_recorded_at_this_host_speed():
+    # One host at two speeds: the normalized figure 2.0 at calibration 50, 2.4 at 85 (its drift between them).
+    entry = _entry([100.0] * 3 + [204.0] * 3, [2.0] * 3 + [2.4] * 3, [50.0] * 3 + [85.0] * 3)
+    window = baselines.settings()["baselines"]["host_speed_window"]
+    slow, why = entry.at_host_speed(48.0, window)
+    assert slow.normalized == 2.0 and len(slow.runs) == 3 and why.startswith("3 of 6 recorded runs")
+    # At the faster speed an engine 1.25x slower (normalized 1.92) fails against that speed's runs
+    # (floor 2.4 x 0.9); against all six (median 2.2, noise 9%: floor 2.2 x (1 - 18%) = 1.80) it would pass.
+    slowed = perf.judge(_measured([4 / 163.2] * 3, [4 / 85] * 3), entry, _spec(), "")
+    assert slowed.figures["baseline"]["normalized"] == 2.4 and slowed.figures["baseline"]["runs"] == 3
+    assert slowed.figures["gate"]["normalized"]["floor"] == pytest.approx(2.16)
+    assert slowed.verdict == "fail" and not slowed.figures["gate"]["normalized"]["passed"], slowed.message
+    assert "3 of 6 recorded runs at a host speed within" in slowed.message
+    # A speed no run was recorded at: all runs, and the message says so.
+    alone, why = entry.at_host_speed(200.0, window)
+    assert alone is entry and why.startswith("no recorded run at a host speed within")
+    # Runs without a calibration (hand-measured seeds) are taken as they are.
+    assert _entry([100.0] * 3).at_host_speed(50.0, window) == (_entry([100.0] * 3), None)
+
+
+@pytest.mark.unit
 def test_gate_refuses_a_baseline_too_noisy_to_catch_the_slowdown():
     noisy = _entry([100.0, 80.0, 120.0])  # +-20%: tolerance 40%
     gate = perf.judge(_measured([0.04] * 3), noisy, _spec(), "")

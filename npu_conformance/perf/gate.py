@@ -76,18 +76,23 @@ def _check(name: str, measured: float, base: float, noise: float | None, spec: P
 
 def judge(measured: Measurement, entry: baselines.Entry | None, spec: PerfSpec,
           record_hint: str) -> Gate:
-    """The gate of one case. Both checks must hold, each within max(slack,
+    """The gate of one case, against the runs recorded at a host speed like this
+    run's (Entry.at_host_speed). Both checks must hold, each within max(slack,
     noise_k x the baseline's noise of that figure):
     - normalized: the median of each round's tok/s over its calibration's, against the baseline's;
     - absolute: median tok/s against the baseline's, the floor lowered by as much as
       the calibration runs slower than at recording (never raised): a uniformly
       slower or loaded host does not move the verdict, a slower engine path does."""
     checks: dict[str, Any] = {}
-    figures: dict[str, Any] = {"baseline": entry.summary() if entry else None, "gate": checks}
     if entry is None:
         return Gate("measured", f"no baseline recorded for this case ({record_hint}); "
-                                f"output tok/s {measured.output_tok_s:.1f}, not gated", figures)
+                                f"output tok/s {measured.output_tok_s:.1f}, not gated", {"baseline": None, "gate": checks})
     messages = []
+    chosen = None
+    if measured.calibration_tok_s is not None:
+        entry, chosen = entry.at_host_speed(measured.calibration_tok_s,
+                                            baselines.settings()["baselines"]["host_speed_window"])
+    figures: dict[str, Any] = {"baseline": {**entry.summary(), "chosen_runs": chosen}, "gate": checks}
     host = 1.0
     if entry.normalized is not None and measured.normalized is not None:
         host = measured.calibration_tok_s / entry.calibration_tok_s
@@ -108,6 +113,8 @@ def judge(measured: Measurement, entry: baselines.Entry | None, spec: PerfSpec,
         verdict = "fail"
         messages.append(f"the baseline is too noisy to gate: a {detectable:.2f}x slowdown would pass, and "
                         f"the card must catch {spec.detect_slowdown:g}x; record more runs on a quieter host")
+    if chosen:
+        messages.append(chosen)
     if entry.versions != measured.versions:
         messages.append(f"baseline recorded with {entry.versions}, this run {measured.versions}")
     return Gate(verdict, "; ".join(messages), figures)
