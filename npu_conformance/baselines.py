@@ -92,11 +92,12 @@ class Entry(_Model):
             return None
         return (max(values) - min(values)) / 2 / statistics.median(values)
 
-    def at_host_speed(self, calibration_tok_s: float, window: float) -> tuple["Entry", str | None]:
+    def at_host_speed(self, calibration_tok_s: float, window: float) -> tuple["Entry | None", str | None]:
         """The runs recorded at a host speed like this run's: their calibration
         within `window` times `calibration_tok_s` either way (data/perf.yaml says
-        why), or every run where none was; and which were taken (None where no
-        run recorded a calibration)."""
+        why), and which were taken; every run where none recorded a calibration
+        (message None); None where runs did and none is that near: a baseline from
+        another speed cannot gate this run."""
         speeds = [r.calibration_tok_s for r in self.runs if r.calibration_tok_s is not None]
         if not speeds:
             return self, None
@@ -108,9 +109,9 @@ class Entry(_Model):
             return self.model_copy(update={"runs": near}), (
                 f"{len(near)} of {len(self.runs)} recorded runs at a host speed within {window:g}x of this run's "
                 f"(calibration {calibration_tok_s:.0f} tok/s; all runs {recorded})")
-        return self, (f"no recorded run at a host speed within {window:g}x of this run's (calibration "
-                      f"{calibration_tok_s:.0f} tok/s, runs {recorded}): judged against all {len(self.runs)}, "
-                      f"though the normalized figure can move that far; record runs at this speed")
+        return None, (f"no recorded run at a host speed within {window:g}x of this run's (calibration "
+                      f"{calibration_tok_s:.0f} tok/s, the {len(self.runs)} runs {recorded}): the normalized figure "
+                      f"moves by more than the gate's slack between such speeds, so none gates this run")
 
     def summary(self) -> dict[str, Any]:
         """The figures the gate used, for the report."""

@@ -77,7 +77,8 @@ def _check(name: str, measured: float, base: float, noise: float | None, spec: P
 def judge(measured: Measurement, entry: baselines.Entry | None, spec: PerfSpec,
           record_hint: str) -> Gate:
     """The gate of one case, against the runs recorded at a host speed like this
-    run's (Entry.at_host_speed). Both checks must hold, each within max(slack,
+    run's (Entry.at_host_speed; none at such a speed: "measured", as with no
+    baseline). Both checks must hold, each within max(slack,
     noise_k x the baseline's noise of that figure):
     - normalized: the median of each round's tok/s over its calibration's, against the baseline's;
     - absolute: median tok/s against the baseline's, the floor lowered by as much as
@@ -90,8 +91,13 @@ def judge(measured: Measurement, entry: baselines.Entry | None, spec: PerfSpec,
     messages = []
     chosen = None
     if measured.calibration_tok_s is not None:
-        entry, chosen = entry.at_host_speed(measured.calibration_tok_s,
-                                            baselines.settings()["baselines"]["host_speed_window"])
+        near, chosen = entry.at_host_speed(measured.calibration_tok_s,
+                                           baselines.settings()["baselines"]["host_speed_window"])
+        if near is None:
+            return Gate("measured", f"{chosen}; output tok/s {measured.output_tok_s:.1f}, not gated ({record_hint} "
+                                    f"at this speed)",
+                        {"baseline": None, "baseline_at_other_speeds": entry.summary(), "gate": checks})
+        entry = near
     figures: dict[str, Any] = {"baseline": {**entry.summary(), "chosen_runs": chosen}, "gate": checks}
     host = 1.0
     if entry.normalized is not None and measured.normalized is not None:
