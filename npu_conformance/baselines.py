@@ -92,7 +92,7 @@ class Entry(_Model):
             return None
         return (max(values) - min(values)) / 2 / statistics.median(values)
 
-    def at_host_speed(self, calibration_tok_s: float, window: float) -> tuple["Entry | None", str | None]:
+    def at_host_speed(self, calibration_tok_s: float, window: float, nearest: int) -> tuple["Entry | None", str | None]:
         """The runs recorded at a host speed like this run's: their calibration
         within `window` times `calibration_tok_s` either way (data/perf.yaml says
         why), and which were taken; every run where none recorded a calibration
@@ -101,9 +101,13 @@ class Entry(_Model):
         speeds = [r.calibration_tok_s for r in self.runs if r.calibration_tok_s is not None]
         if not speeds:
             return self, None
-        near = tuple(r for r in self.runs if r.calibration_tok_s is not None
-                     and max(r.calibration_tok_s, calibration_tok_s) / min(r.calibration_tok_s, calibration_tok_s)
-                     <= window)
+        def apart(r: Run) -> float:
+            return max(r.calibration_tok_s, calibration_tok_s) / min(r.calibration_tok_s, calibration_tok_s)
+
+        # The nearest `nearest` runs only: a speed between two recorded ones would mix both, and their
+        # spread, read as noise, widened the tolerance past a 1.25x slowdown (CI, 2026-12-06).
+        near = tuple(sorted((r for r in self.runs if r.calibration_tok_s is not None and apart(r) <= window),
+                            key=apart)[:nearest])
         recorded = f"{min(speeds):.0f}-{max(speeds):.0f} tok/s"
         if near:
             return self.model_copy(update={"runs": near}), (

@@ -548,7 +548,7 @@ def test_gate_reads_the_runs_recorded_at_this_host_speed():
     # One host at two speeds: the normalized figure 2.0 at calibration 50, 2.4 at 85 (its drift between them).
     entry = _entry([100.0] * 3 + [204.0] * 3, [2.0] * 3 + [2.4] * 3, [50.0] * 3 + [85.0] * 3)
     window = baselines.settings()["baselines"]["host_speed_window"]
-    slow, why = entry.at_host_speed(48.0, window)
+    slow, why = entry.at_host_speed(48.0, window, 3)
     assert slow.normalized == 2.0 and len(slow.runs) == 3 and why.startswith("3 of 6 recorded runs")
     # At the faster speed an engine 1.25x slower (normalized 1.92) fails against that speed's runs
     # (floor 2.4 x 0.9); against all six (median 2.2, noise 9%: floor 2.2 x (1 - 18%) = 1.80) it would pass.
@@ -558,14 +558,14 @@ def test_gate_reads_the_runs_recorded_at_this_host_speed():
     assert slowed.verdict == "fail" and not slowed.figures["gate"]["normalized"]["passed"], slowed.message
     assert "3 of 6 recorded runs at a host speed within" in slowed.message
     # A speed no run was recorded at: no baseline gates it (against all six the slowed run would pass).
-    alone, why = entry.at_host_speed(200.0, window)
+    alone, why = entry.at_host_speed(200.0, window, 3)
     assert alone is None and why.startswith("no recorded run at a host speed within")
     unseen = perf.judge(_measured([4 / 384] * 3, [4 / 200] * 3), entry, _spec(), "record it so")
     assert unseen.verdict == "measured" and unseen.figures["baseline"] is None, unseen.message
     assert "no recorded run at a host speed" in unseen.message and "record it so" in unseen.message
     assert unseen.figures["baseline_at_other_speeds"]["runs"] == 6
     # Runs without a calibration (hand-measured seeds) are taken as they are.
-    assert _entry([100.0] * 3).at_host_speed(50.0, window) == (_entry([100.0] * 3), None)
+    assert _entry([100.0] * 3).at_host_speed(50.0, window, 3) == (_entry([100.0] * 3), None)
 
 
 @pytest.mark.unit

@@ -92,7 +92,8 @@ def judge(measured: Measurement, entry: baselines.Entry | None, spec: PerfSpec,
     chosen = None
     if measured.calibration_tok_s is not None:
         near, chosen = entry.at_host_speed(measured.calibration_tok_s,
-                                           baselines.settings()["baselines"]["host_speed_window"])
+                                           baselines.settings()["baselines"]["host_speed_window"],
+                                           baselines.settings()["baselines"]["min_runs_for_noise"])
         if near is None:
             return Gate("measured", f"{chosen}; output tok/s {measured.output_tok_s:.1f}, not gated ({record_hint} "
                                     f"at this speed)",
