@@ -92,10 +92,11 @@ class Entry(_Model):
             return None
         return (max(values) - min(values)) / 2 / statistics.median(values)
 
-    def at_host_speed(self, calibration_tok_s: float, window: float, nearest: int) -> tuple["Entry | None", str | None]:
-        """The runs recorded at a host speed like this run's: their calibration
-        within `window` times `calibration_tok_s` either way (data/perf.yaml says
-        why), and which were taken; every run where none recorded a calibration
+    def at_host_speed(self, calibration_tok_s: float, window: float,
+                      nearest: int) -> tuple["Entry | None", str | None]:
+        """The runs recorded at a host speed like this run's: the `nearest` whose
+        calibration lies within `window` times `calibration_tok_s` either way
+        (data/perf.yaml says why), and which were taken; every run where none recorded a calibration
         (message None); None where runs did and none is that near: a baseline from
         another speed cannot gate this run."""
         speeds = [r.calibration_tok_s for r in self.runs if r.calibration_tok_s is not None]
@@ -111,7 +112,8 @@ class Entry(_Model):
         recorded = f"{min(speeds):.0f}-{max(speeds):.0f} tok/s"
         if near:
             return self.model_copy(update={"runs": near}), (
-                f"{len(near)} of {len(self.runs)} recorded runs at a host speed within {window:g}x of this run's "
+                f"the {len(near)} of {len(self.runs)} recorded runs nearest in host speed, within {window:g}x "
+                f"of this run's "
                 f"(calibration {calibration_tok_s:.0f} tok/s; all runs {recorded})")
         return None, (f"no recorded run at a host speed within {window:g}x of this run's (calibration "
                       f"{calibration_tok_s:.0f} tok/s, the {len(self.runs)} runs {recorded}): the normalized figure "

@@ -244,7 +244,7 @@ def test_gate_under_injected_slowdown(perf_spec: PerfSpec, card: Card, platform:
     assert "step" not in vars(engine), "the engine's step was not restored"
     interleaved = perf.judge(m, baselines.Entry(key=key, versions=versions, runs=(reference.as_run(),),
                                                 source="this test's reference rounds, alternating with the case's"),
-                             perf_spec, _record_hint(card))
+                             perf_spec, _record_hint(card), match_host_speed=False)
     judged = perf.judge(m, entry, perf_spec, _record_hint(card)) if entry else None
     # "measured": runs recorded for this device, none at this host's speed (perf.judge says why).
     recorded = judged if judged and judged.verdict != "measured" else None
@@ -259,7 +259,8 @@ def test_gate_under_injected_slowdown(perf_spec: PerfSpec, card: Card, platform:
                                     "calibration_tok_s": reference.calibration_tok_s},
                "interleaved_gate": {"verdict": interleaved.verdict, "message": interleaved.message,
                                     **interleaved.figures},
-               "recorded_gate": "recorded" if recorded else judged.message if judged else f"none recorded for {key.device}",
+               "recorded_gate": ("recorded" if recorded else judged.message if judged
+                                 else f"none recorded for {key.device}"),
                "host_load": perf.load_figures(host_load, sides[1].windows[perf_spec.warmup_rounds:]),
                "expected_verdict": "fail" if slowed else "pass"}
     timed.extra_info.update(figures)
@@ -376,7 +377,8 @@ def test_gate_leaves_out_rounds_a_switching_load_fell_on(perf_spec: PerfSpec, ca
                f"of a core, {len(starved)} switched on but held back by the scheduler left out): raw tok/s {off.output_tok_s:.1f} off, {on.output_tok_s:.1f} on "
                f"({raw_slowdown:.2f}x slower, at least {settings['min_raw_slowdown']:g}x needed for the test to "
                f"test anything; attempt {len(slowdowns)} of at most {settings['attempts']}, raw slowdowns "
-               f"{', '.join(f'{x:.2f}x' for x in slowdowns)}); rounds flagged as waiting for a CPU: {flagged[True]:.0%} of {counts['on']} on "
+               f"{', '.join(f'{x:.2f}x' for x in slowdowns)}); rounds flagged as waiting for a CPU: "
+               f"{flagged[True]:.0%} of {counts['on']} on "
                f"(at least {settings['min_flagged_on']:.0%}), {flagged[False]:.0%} of {counts['off']} off (at most "
                f"{settings['max_flagged_off']:.0%}); the gate's figure over the {len(gated.round_s)} rounds kept of "
                f"{len(timed_idx)}: normalized {gated.normalized:.3f} against {off.normalized:.3f} off "
@@ -400,7 +402,8 @@ def test_gate_leaves_out_rounds_a_switching_load_fell_on(perf_spec: PerfSpec, ca
         "detector": {"max_wait_share": limit.max_wait_share, "flagged_on": flagged[True],
                      "flagged_off": flagged[False]},
         "normalized": {"off": off.normalized, "on": on.normalized, "gated": gated.normalized},
-        "raw_slowdown": raw_slowdown, "attempts_raw_slowdown": slowdowns, "normalized_shift": normalized_shift, "gated_shift": gated_shift,
+        "raw_slowdown": raw_slowdown, "attempts_raw_slowdown": slowdowns, "normalized_shift": normalized_shift,
+        "gated_shift": gated_shift,
         "slack": perf_spec.slack, "checks": checks,
         **({"gate": gate.figures["gate"], "baseline": gate.figures["baseline"]} if gate else {})},
         "pass" if all(checks.values()) else "fail", message)
@@ -549,14 +552,18 @@ def test_gate_reads_the_runs_recorded_at_this_host_speed():
     entry = _entry([100.0] * 3 + [204.0] * 3, [2.0] * 3 + [2.4] * 3, [50.0] * 3 + [85.0] * 3)
     window = baselines.settings()["baselines"]["host_speed_window"]
     slow, why = entry.at_host_speed(48.0, window, 3)
-    assert slow.normalized == 2.0 and len(slow.runs) == 3 and why.startswith("3 of 6 recorded runs")
+    assert slow.normalized == 2.0 and len(slow.runs) == 3 and why.startswith("the 3 of 6 recorded runs nearest")
     # At the faster speed an engine 1.25x slower (normalized 1.92) fails against that speed's runs
     # (floor 2.4 x 0.9); against all six (median 2.2, noise 9%: floor 2.2 x (1 - 18%) = 1.80) it would pass.
     slowed = perf.judge(_measured([4 / 163.2] * 3, [4 / 85] * 3), entry, _spec(), "")
     assert slowed.figures["baseline"]["normalized"] == 2.4 and slowed.figures["baseline"]["runs"] == 3
     assert slowed.figures["gate"]["normalized"]["floor"] == pytest.approx(2.16)
     assert slowed.verdict == "fail" and not slowed.figures["gate"]["normalized"]["passed"], slowed.message
-    assert "3 of 6 recorded runs at a host speed within" in slowed.message
+    assert "the 3 of 6 recorded runs nearest in host speed" in slowed.message
+    # Between two recorded speeds, both within the window: the nearest runs only, not both mixed.
+    between = _entry([100.0] * 3 + [120.0] * 3, [2.0] * 3 + [2.4] * 3, [50.0] * 3 + [60.0] * 3)
+    near, _ = between.at_host_speed(56.0, window, 3)
+    assert near.normalized == 2.4 and near.noise("normalized") == 0.0
     # A speed no run was recorded at: no baseline gates it (against all six the slowed run would pass).
     alone, why = entry.at_host_speed(200.0, window, 3)
     assert alone is None and why.startswith("no recorded run at a host speed within")

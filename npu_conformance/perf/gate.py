@@ -75,10 +75,11 @@ def _check(name: str, measured: float, base: float, noise: float | None, spec: P
 
 
 def judge(measured: Measurement, entry: baselines.Entry | None, spec: PerfSpec,
-          record_hint: str) -> Gate:
+          record_hint: str, *, match_host_speed: bool = True) -> Gate:
     """The gate of one case, against the runs recorded at a host speed like this
     run's (Entry.at_host_speed; none at such a speed: "measured", as with no
-    baseline). Both checks must hold, each within max(slack,
+    baseline; `match_host_speed` False for an entry from this run's own
+    alternating rounds, which ran at its speed by construction). Both checks must hold, each within max(slack,
     noise_k x the baseline's noise of that figure):
     - normalized: the median of each round's tok/s over its calibration's, against the baseline's;
     - absolute: median tok/s against the baseline's, the floor lowered by as much as
@@ -90,7 +91,7 @@ def judge(measured: Measurement, entry: baselines.Entry | None, spec: PerfSpec,
                                 f"output tok/s {measured.output_tok_s:.1f}, not gated", {"baseline": None, "gate": checks})
     messages = []
     chosen = None
-    if measured.calibration_tok_s is not None:
+    if match_host_speed and measured.calibration_tok_s is not None:
         near, chosen = entry.at_host_speed(measured.calibration_tok_s,
                                            baselines.settings()["baselines"]["host_speed_window"],
                                            baselines.settings()["baselines"]["min_runs_for_noise"])
