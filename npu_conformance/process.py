@@ -8,7 +8,9 @@ import contextlib
 import ctypes
 import os
 import signal
+import subprocess
 import sys
+import tempfile
 from typing import Callable, Iterator, Mapping
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -20,6 +22,29 @@ def signal_group(pgid: int, sig: signal.Signals) -> None:
     """`sig` to every process of group `pgid`; a group already gone is no error."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
+
+
+def run_in_group(command: list[str], env: Mapping[str, str], timeout_s: float, what: str) -> tuple[int, str]:
+    """Run `command` (`what`, in messages) to its end in a process group of its own: (exit status,
+    stdout and stderr together). The whole group is killed at the deadline
+    (TimeoutError, with the output's tail) and when the command ends, so nothing
+    it forked outlives it. The output goes to a file, not a pipe: a forked
+    process that keeps the pipe open would hold the reader past the command's end."""
+    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as log:
+        proc = subprocess.Popen(command, env=dict(env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.seek(0)
+        out = log.read()
+    if timed_out:
+        raise TimeoutError(f"{what} ran past {timeout_s:.0f} s:\n{out[-3000:]}")
+    return proc.returncode, out
 
 
 def signalled_when_dead(parent: int, sig: signal.Signals) -> Callable[[], None] | None:

@@ -60,3 +60,34 @@ def test_a_child_dies_with_the_process_that_started_it() -> None:
     while child.is_running() and child.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, "the child outlived its starter"
+
+
+# A parent that starts a sleeping grandchild in its group, prints its pid, then `rest`.
+_FORKS = ("import subprocess, sys\n"
+          "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+          "print(child.pid, flush=True)\n")
+
+
+def _gone(pid: int) -> bool:
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_run_in_group_returns_status_and_output_and_leaves_nothing_behind() -> None:
+    code, out = process.run_in_group([sys.executable, "-c", _FORKS + "print('done'); sys.exit(3)"],
+                                     dict(os.environ), 60, "the forker")
+    pid, said = out.split()
+    assert code == 3 and said == "done"
+    assert _gone(int(pid)), "a process the command forked outlived it"
+
+
+def test_run_in_group_kills_the_whole_group_at_its_deadline() -> None:
+    with pytest.raises(TimeoutError, match=r"the sleeper ran past 2 s") as err:
+        process.run_in_group([sys.executable, "-c", _FORKS + "import time; time.sleep(60)"], dict(os.environ), 2,
+                             "the sleeper")
+    pid = int(str(err.value).split()[-1])  # the output's tail: the grandchild's pid
+    assert _gone(pid), "the command's group outlived its deadline"

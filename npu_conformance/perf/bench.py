@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import re
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
-from npu_conformance import vllm_api
+from npu_conformance import process, vllm_api
 from npu_conformance.baselines import settings
 from npu_conformance.cards import Card, PerfSpec
 from npu_conformance.contention import Contention, share
@@ -64,20 +61,11 @@ class BenchRun(NamedTuple):
 def run_bench(command: list[str], env: dict[str, str], timeout_s: float) -> BenchRun:
     """Run `vllm bench throughput` (bench_command): the output tok/s it reports,
     the calibration's tok/s after it and how long it waited for a CPU. Its own
-    process group, killed whole at the deadline; a failure raises with its output's tail."""
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise TimeoutError(f"vllm bench throughput ran past {timeout_s:.0f} s:\n{out[-3000:]}") from None
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    if proc.returncode:
-        raise RuntimeError(f"vllm bench throughput exited {proc.returncode}:\n{out[-3000:]}")
+    process group (process.run_in_group), killed whole at the deadline; a failure
+    raises with its output's tail."""
+    returncode, out = process.run_in_group(command, env, timeout_s, "vllm bench throughput")
+    if returncode:
+        raise RuntimeError(f"vllm bench throughput exited {returncode}:\n{out[-3000:]}")
     calibration = CALIBRATION_FIGURE.search(out)
     if calibration is None:
         raise ValueError(f"no '{CALIBRATION_LINE}' line after vllm bench throughput:\n{out[-3000:]}")
