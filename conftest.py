@@ -8,4 +8,5 @@ pytest_plugins = (
     "fixtures.reference",
     "fixtures.target",
     "fixtures.server",
+    "fixtures.perf",
 )
