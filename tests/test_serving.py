@@ -5,25 +5,24 @@ Per card, Stage A boots with `--load-format dummy` (architecture and kernels, no
 weights) and Stage B with the real weights; Stage B's server is shared by the
 card's other checks. Each check's verdict, and each stage's boot time and the
 memory the engine logged, go to the card's `serving` section of
-precision_report.json. A failing check shows the server's log tail.
+precision_report.json. A failing check shows the server's log tail. The serving
+tests carry the `serving` mark; the serve section's and the judging rules' own
+tests (no engine) the `unit` mark. ServerProcess is tested in test_server_process.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import textwrap
 import time
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import openai
@@ -33,14 +32,9 @@ import pytest
 from npu_conformance import serving as sv
 from npu_conformance.cards import Card, CardError, Thresholds, load_catalog, parse_card
 from npu_conformance.compare.metrics import log_softmax
-from npu_conformance.platforms import Platform
-from npu_conformance.report import PrecisionReport
-from npu_conformance.engines.server import HOST, ServerBootError, ServerProcess, free_port, group_members, started_groups, stop_all
+from npu_conformance.engines.server import HOST, ServerBootError, group_members, started_groups, stop_all
 from npu_conformance.engines.target import VllmRunner
 from fixtures.server import ServerFactory, attach
-
-pytestmark = pytest.mark.serving
-
 
 def _complete(server: sv.Served, prompt: Any, max_tokens: int, **extra: Any) -> Any:
     return server.client.completions.create(model=server.model, prompt=prompt, max_tokens=max_tokens,
@@ -99,6 +93,7 @@ def _failure_block(output: str, test: str) -> str:
     return "\n".join(lines[start:end])
 
 
+@pytest.mark.serving
 def test_server_death_fails_only_its_test(card: Card, checkpoint: Path, record: dict[str, Any],
                                           pytestconfig: pytest.Config, request: pytest.FixtureRequest,
                                           tmp_path: Path) -> None:
@@ -183,6 +178,7 @@ def _smoke(server: sv.Served, serve: sv.ServeSpec, record: dict[str, Any]) -> No
     assert out.usage.completion_tokens == serve.max_tokens, f"asked for {serve.max_tokens} tokens: {out}"
 
 
+@pytest.mark.serving
 @pytest.mark.parametrize("stage", ["dummy", "real"])
 def test_stage_boot(stage: str, serve: sv.ServeSpec, new_server: ServerFactory, record: dict[str, Any],
                     pytestconfig: pytest.Config, request: pytest.FixtureRequest) -> None:
@@ -210,6 +206,7 @@ def test_stage_boot(stage: str, serve: sv.ServeSpec, new_server: ServerFactory, 
 # ---- the API as clients use it ----
 
 
+@pytest.mark.serving
 def test_models_lists_served_name(server: sv.Served, record: dict[str, Any]) -> None:
     resp = server.http.get("/v1/models")
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("application/json"), resp.text
@@ -220,6 +217,7 @@ def test_models_lists_served_name(server: sv.Served, record: dict[str, Any]) -> 
     assert set(server.names) <= set(ids), f"expected {server.names} among {ids}"
 
 
+@pytest.mark.serving
 def test_completions_return_text(server: sv.Served, card: Card, serve: sv.ServeSpec, record: dict[str, Any]) -> None:
     """Every card prompt (English, Chinese, code, arithmetic) at temperature 0."""
     record["texts"] = {}
@@ -230,6 +228,7 @@ def test_completions_return_text(server: sv.Served, card: Card, serve: sv.ServeS
         assert isinstance(choice.text, str) and choice.text, f"{prompt.id}: no text: {choice}"
 
 
+@pytest.mark.serving
 def test_chat_completions(server: sv.Served, serve: sv.ServeSpec, chat_template: bool,
                           record: dict[str, Any]) -> None:
     """System prompt plus an English and a Chinese user turn, at temperature 0."""
@@ -255,6 +254,7 @@ def test_chat_completions(server: sv.Served, serve: sv.ServeSpec, chat_template:
         assert out.usage.prompt_tokens > bare.usage.prompt_tokens, "the system prompt is not in the rendered prompt"
 
 
+@pytest.mark.serving
 def test_streaming_matches_non_streaming(server: sv.Served, card: Card, serve: sv.ServeSpec, chat_template: bool,
                                          record: dict[str, Any]) -> None:
     """Same tokens and text, streamed or not (completions; chat too where there is a template)."""
@@ -283,6 +283,7 @@ def test_streaming_matches_non_streaming(server: sv.Served, card: Card, serve: s
         assert streamed == whole, f"chat {turn.id}: streamed {streamed!r} vs {whole!r}"
 
 
+@pytest.mark.serving
 def test_stream_wire_format(server: sv.Served, serve: sv.ServeSpec, record: dict[str, Any]) -> None:
     """Server-sent events as OpenAI clients parse them: `data: {json}` lines, then `data: [DONE]`."""
     body = {"model": server.model, "prompt": "Hello", "max_tokens": serve.max_tokens, "temperature": 0.0,
@@ -298,6 +299,7 @@ def test_stream_wire_format(server: sv.Served, serve: sv.ServeSpec, record: dict
     assert all(c["object"] == "text_completion" and c["choices"] is not None for c in chunks), chunks[:3]
 
 
+@pytest.mark.serving
 def test_logprobs_match_offline_engine(server: sv.Served, target: VllmRunner, card: Card,
                                        record: dict[str, Any]) -> None:
     """The server's top-k log-probs equal log_softmax of the offline engine's raw
@@ -318,6 +320,7 @@ def test_logprobs_match_offline_engine(server: sv.Served, target: VllmRunner, ca
     assert not failed, json.dumps(failed, indent=1)
 
 
+@pytest.mark.serving
 def test_concurrent_requests(server: sv.Served, card: Card, serve: sv.ServeSpec, record: dict[str, Any]) -> None:
     """`serve.concurrency` requests at once (the seeds' --max-num-seqs) all complete in full."""
     prompts = [card.prompts[i % len(card.prompts)].text for i in range(serve.concurrency)]
@@ -336,6 +339,7 @@ def test_concurrent_requests(server: sv.Served, card: Card, serve: sv.ServeSpec,
     assert lengths == [serve.max_tokens] * len(prompts), lengths
 
 
+@pytest.mark.serving
 def test_bad_requests_get_4xx(server: sv.Served, serve: sv.ServeSpec, record: dict[str, Any]) -> None:
     """Each `serve.bad_requests` case: a 4xx whose message names the problem, and a
     server that is still healthy and serving afterwards."""
@@ -361,10 +365,6 @@ GOOD_CARD = {"name": "x", "architecture": "LlamaForCausalLM", "weights": {"synth
 
 def _card(serve: dict[str, Any]) -> Card:
     return parse_card({**GOOD_CARD, "serve": serve}, "x.yaml")
-
-
-def _http_server(directory: Path) -> Any:
-    return lambda port: [sys.executable, "-m", "http.server", "--bind", HOST, "--directory", str(directory), str(port)]
 
 
 @pytest.mark.unit
@@ -461,67 +461,10 @@ def test_bad_request_judgement() -> None:
     assert "no {'error'" in sv.judge_bad_request(case, 400, "oops", ctx)["problems"][0]
 
 
-@pytest.mark.unit
-def test_port_taken_before_bind_is_retried(tmp_path: Path) -> None:
-    (tmp_path / "health").write_text("ok")
-    with socket.socket() as taken:
-        taken.bind((HOST, 0))
-        taken.listen()
-        busy = taken.getsockname()[1]
-        ports = iter([busy])
-        server = ServerProcess(_http_server(tmp_path), os.environ, tmp_path / "log", boot_timeout_s=30,
-                               port_picker=lambda: next(ports, None) or free_port())
-        with server:
-            assert server.port != busy and server.healthy()
-    log = (tmp_path / "log").read_text()
-    assert "attempt 1 on port" in log and "attempt 2 on port" in log and os.strerror(errno.EADDRINUSE) in log
-
-
-@pytest.mark.unit
-def test_server_that_exits_fails_boot_with_its_log(tmp_path: Path) -> None:
-    server = ServerProcess(lambda port: [sys.executable, "-c", "import sys; print('no weights here'); sys.exit(3)"],
-                           os.environ, tmp_path / "log", boot_timeout_s=30)
-    with pytest.raises(ServerBootError, match="exited with code 3") as exc:
-        server.start()
-    assert "no weights here" in str(exc.value) and "server log tail" in str(exc.value)
-
-
-@pytest.mark.unit
-def test_boot_timeout_stops_the_server(tmp_path: Path) -> None:
-    server = ServerProcess(lambda port: [sys.executable, "-c", "import time; time.sleep(600)"], os.environ,
-                           tmp_path / "log", boot_timeout_s=1.0)
-    with pytest.raises(ServerBootError, match="not healthy within 1 s"):
-        server.start()
-    assert not group_members(started_groups()[-1])
-
-
-@pytest.mark.unit
-def test_stop_ends_the_whole_group(tmp_path: Path) -> None:
-    """A forked helper that ignores SIGTERM (a hung engine process) still goes."""
-    (tmp_path / "health").write_text("ok")
-    ready = tmp_path / "helper-ready"
-    script = textwrap.dedent(f"""
-        import pathlib, runpy, subprocess, sys, time
-        helper = "import pathlib, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " \\
-                 "pathlib.Path({str(ready)!r}).touch(); time.sleep(600)"
-        subprocess.Popen([sys.executable, "-c", helper])
-        while not pathlib.Path({str(ready)!r}).exists():
-            time.sleep(0.05)
-        sys.argv = ["http.server", "--bind", {HOST!r}, "--directory", {str(tmp_path)!r}, sys.argv[1]]
-        runpy.run_module("http.server", run_name="__main__")
-    """)
-    server = ServerProcess(lambda port: [sys.executable, "-c", script, str(port)], os.environ, tmp_path / "log",
-                           boot_timeout_s=30)
-    server.start()
-    pgid = server.pid
-    assert ready.exists() and len(group_members(pgid)) == 3  # the guard, the server and its helper
-    server.stop(grace_s=1.0)
-    assert not group_members(pgid)
-
-
 # ---- last: pytest runs unparametrized tests after the card groups ----
 
 
+@pytest.mark.serving
 def test_no_server_left_behind() -> None:
     """Ends the servers still up (the session fixtures' own stop), then requires
     that no server process of this run remains: no api_server child of this
