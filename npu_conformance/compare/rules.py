@@ -236,16 +236,11 @@ def compare(
                                               np.asarray(tgt_logits_generated)[:shared], t,
                                               None if noise_generated is None else noise_generated[:shared])
         checks.update({f"decode_{name}": check for name, check in decode_checks.items()})
-    first = slice(first_generated, first_generated + 1)
-    # The margin's median comes from every position, as in the top1 check.
-    match_first = top1_match(np.asarray(ref_logits)[first], np.asarray(tgt_logits)[first],
-                             tie_margins(ref_logits, noise_logits, t)[first], t.dtype_eps)
-    if noise_logits is not None:
-        match_first |= np.asarray(noise_logits)[first].argmax(axis=-1) != np.asarray(ref_logits)[first].argmax(axis=-1)
     return {
         **figures,
         "prompt_positions": first_generated,
-        "top1_first": bool(match_first[0]),
+        # The top1 check's own verdict at the row that predicts the first generated token.
+        "top1_first": first_generated not in figures["top1_mismatch_positions"],
         "greedy_prefix": prefix,
         "greedy_len": g_len,
         "target_greedy_len": len(tgt_tokens),
