@@ -127,7 +127,7 @@ def test_missing_evidence_fails_the_evidence_and_the_reported_verdict(tmp_path: 
 
     report = PrecisionReport()
     card = load_catalog()[CARD]
-    report.add_prompt(card, "p", "text", {"passed": True})
+    report.add_prompt(card, "p", "text", {"passed": True, "checks": {}})
     written = json.loads(report.write(tmp_path, None).read_text())
     assert written["models"][CARD]["verdict"] == "fail"  # passing figures, no evidence
 

@@ -27,7 +27,7 @@ LAYERS = [
     ["synthetic", "quantize", "weights"],
     ["engines", "golden"],
     ["compare"],
-    ["perf", "bench", "baselines", "serving", "report", "conditions"],
+    ["perf", "bench", "baselines", "serving", "report", "report_schema", "conditions"],
     ["reports", "plugin", "cli", "changes"],
     ["fixtures"],
 ]

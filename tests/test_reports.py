@@ -90,7 +90,7 @@ def _run(directory: Path) -> None:
              "diagnosis": _diagnosis(),
              "prompts": {"en": _prompt("The capital of France is", 50, True, 1.0),
                          "zh": _prompt("你好", 36, False, 0.98)},
-             "serving": {"verdict": "passed",
+             "serving": {"verdict": "pass",
                          "stages": {"dummy": {"load_format": "dummy", "boot_time_s": 20.0, "verdict": "passed",
                                               "engine_reported": {"kv_cache_tokens": 1048576.0},
                                               "command": ["python", "-m", "vllm", "--model", "/m", "--load-format", "dummy"]}},
@@ -296,8 +296,9 @@ def test_verdicts_go_through_the_table(tmp_path: Path) -> None:
     for lang in reports.LANGS:
         doc = reports.render(tmp_path, lang)[0].read_text(encoding="utf-8")
         assert texts(lang)["serving"]["verdict"].format(verdict=texts(lang)["verdicts"]["incomplete"]) in doc
-    # A verdict the i18n files lack fails the render rather than printing its raw key.
-    _edit_precision(tmp_path, lambda e: e["serving"].update(verdict="bogus"))
+    # A verdict the i18n files lack fails the render rather than printing its raw key
+    # (a stage's: the schema already refuses a section verdict it does not know).
+    _edit_precision(tmp_path, lambda e: e["serving"]["stages"]["dummy"].update(verdict="bogus"))
     with pytest.raises(KeyError, match="bogus"):
         reports.render(tmp_path, "en")
 

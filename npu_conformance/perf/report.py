@@ -12,7 +12,8 @@ from npu_conformance.perf.gate import Gate, engine_mode
 from npu_conformance.perf.measure import Measurement
 from npu_conformance.perf.roofline import Bandwidth, decode_weight_bytes, roofline_tok_s
 from npu_conformance.platforms import Platform
-from npu_conformance.report import write_json
+from npu_conformance.report import write_report
+from npu_conformance.report_schema import PerfCaseRecord, PerfDocument, checked
 
 
 def model_figures(card: Card, runner: VllmRunner, checkpoint: Path, bandwidth: Bandwidth) -> dict[str, Any]:
@@ -74,16 +75,11 @@ class PerfReport:
         self.cases: dict[str, dict[str, Any]] = {}
 
     def add_case(self, test_id: str, figures: dict[str, Any], verdict: str, message: str = "") -> None:
-        # The engine's figures are kept once, under models.
-        self.cases[test_id] = {**{k: v for k, v in figures.items() if k != "model"},
-                               "verdict": verdict, "message": message}
+        # The engine's figures are kept once, under models; a case the schema does not know fails its own test.
+        self.cases[test_id] = checked(PerfCaseRecord, {**{k: v for k, v in figures.items() if k != "model"},
+                                                       "verdict": verdict, "message": message}, test_id)
 
     def write(self, directory: Path, platform: Platform) -> Path:
-        path = directory / "perf_report.json"
-        write_json(path, {
-            "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "platform": platform.as_dict(),
-            "models": self.models,
-            "cases": self.cases,
-        })
-        return path
+        return write_report(directory / "perf_report.json", PerfDocument,
+                            generated_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                            platform=platform.as_dict(), models=self.models, cases=self.cases)

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from npu_conformance.report_schema import ReportFileError
 from npu_conformance.reports import LANGS, render
 
 
@@ -17,7 +18,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.report_dir.is_dir():
         parser.error(f"{args.report_dir} is not a directory")
-    paths = render(args.report_dir, args.lang, args.benchmark_json)
+    try:
+        paths = render(args.report_dir, args.lang, args.benchmark_json)
+    except ReportFileError as exc:
+        # A report of another schema version, or damaged: say which file and why, not a traceback.
+        print(exc, file=sys.stderr)
+        return 2
     if not paths:
         print(f"{args.report_dir}: no precision_report.json or perf_report.json with models", file=sys.stderr)
         return 1

@@ -14,6 +14,7 @@ import jinja2
 import yaml
 
 from npu_conformance.report import write_json
+from npu_conformance.report_schema import dump
 from npu_conformance.reports import figures, view
 from npu_conformance.reports.view import Decoder, Model, Run
 
@@ -56,14 +57,13 @@ def markdown(model_view: dict[str, Any], lang: str) -> str:
 def write_results(m: Model, decoder: Decoder, results: Path) -> dict[str, Path]:
     """This model's parts of the run's JSON, and its prompts' texts, under `results`."""
     written = {}
-    if m.entry is not None:
+    if m.entry is not None and m.run.precision is not None:
         written["precision"] = results / "precision_report.json"
-        write_json(written["precision"], {**{k: v for k, v in m.run.precision.items() if k != "models"},
-                                          "models": {m.name: m.entry}})
-    if m.perf_model is not None or m.perf_cases:
+        write_json(written["precision"], dump(m.run.precision.model_copy(update={"models": {m.name: m.entry}})))
+    if (m.perf_model is not None or m.perf_cases) and m.run.perf is not None:
         written["perf"] = results / "perf_report.json"
-        write_json(written["perf"], {**{k: v for k, v in m.run.perf.items() if k not in ("models", "cases")},
-                                     "models": {m.name: m.perf_model} if m.perf_model else {}, "cases": m.perf_cases})
+        write_json(written["perf"], dump(m.run.perf.model_copy(update={
+            "models": {m.name: m.perf_model} if m.perf_model else {}, "cases": m.perf_cases})))
     if m.prompts:
         written["inference"] = results / "inference_results.json"
         write_json(written["inference"], {
@@ -71,10 +71,10 @@ def write_results(m: Model, decoder: Decoder, results: Path) -> dict[str, Path]:
             "checkpoint": decoder.checkpoint,
             "decoded": decoder.tokenizer is not None,
             "not_decoded_reason": decoder.reason,
-            "results": [{"id": pid, "prompt": p["text"],
-                         "reference_tokens": p["reference_tokens"], "target_tokens": p["target_tokens"],
-                         "reference_text": decoder.decode(p["reference_tokens"]),
-                         "target_text": decoder.decode(p["target_tokens"])}
+            "results": [{"id": pid, "prompt": p.text,
+                         "reference_tokens": p.reference_tokens, "target_tokens": p.target_tokens,
+                         "reference_text": decoder.decode(p.reference_tokens),
+                         "target_text": decoder.decode(p.target_tokens)}
                         for pid, p in m.prompts.items()],
         })
     return written
@@ -84,12 +84,12 @@ def draw_pictures(m: Model, model_dir: Path) -> dict[str, Path]:
     out = {}
     if m.prompts:
         # The mean's limit (noise-relative limits differ per prompt: the largest is drawn).
-        limit = max(p["checks"]["logprob_rel_err"]["threshold"] for p in m.prompts.values())
+        limit = max(p.checks["logprob_rel_err"].threshold for p in m.prompts.values())
         out["logprob_error"] = figures.logprob_error(m.prompts, limit, model_dir)
         out["top1"] = figures.top1(m.prompts, model_dir)
         # Shown in the precision section, so only beside compared prompts.
-        if (m.entry or {}).get("diagnosis", {}).get("rows"):
-            out["diagnosis"] = figures.diagnosis(m.entry["diagnosis"], model_dir)
+        if m.entry and m.entry.diagnosis and m.entry.diagnosis.rows:
+            out["diagnosis"] = figures.diagnosis(m.entry.diagnosis, model_dir)
     if m.throughput_cases:
         out["throughput"] = figures.throughput(m.throughput_cases, model_dir)
     return out

@@ -1,5 +1,6 @@
-"""The run a report is rendered from: its JSON files, loaded, one model's parts of
-them, and the tokenizer that decodes its token ids."""
+"""The run a report is rendered from: its JSON files, loaded through the report
+schema (npu_conformance.report_schema), one model's parts of them, and the
+tokenizer that decodes its token ids."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from npu_conformance.report_schema import (ModelRecord, PerfCaseRecord, PerfDocument, PerfModelRecord,
+                                           PrecisionDocument, PromptRecord, ServingRecord, read)
 
 BENCHMARK_KEYS = ("benchmarks", "machine_info")  # what marks a pytest-benchmark JSON
 
@@ -17,9 +21,9 @@ def load_json(path: Path) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class Run:
-    precision: dict[str, Any] | None
-    perf: dict[str, Any] | None
-    benchmark: dict[str, Any] | None
+    precision: PrecisionDocument | None
+    perf: PerfDocument | None
+    benchmark: dict[str, Any] | None  # pytest-benchmark's, in its own format
 
     @classmethod
     def load(cls, directory: Path, benchmark_json: Path | None = None) -> "Run":
@@ -31,12 +35,17 @@ class Run:
                 if isinstance(data, dict) and all(k in data for k in BENCHMARK_KEYS):
                     bench = data
                     break
-        return cls(load_json(directory / "precision_report.json"), load_json(directory / "perf_report.json"), bench)
+        return cls(read(directory / "precision_report.json", PrecisionDocument),
+                   read(directory / "perf_report.json", PerfDocument), bench)
 
     def models(self) -> list[str]:
-        names = dict.fromkeys((self.precision or {}).get("models", {}))
-        names.update(dict.fromkeys((self.perf or {}).get("models", {})))
+        names = dict.fromkeys(self.precision.models if self.precision else {})
+        names.update(dict.fromkeys(self.perf.models if self.perf else {}))
         return list(names)
+
+    @property
+    def platform(self) -> dict[str, Any] | None:
+        return (self.precision.platform if self.precision else None) or (self.perf.platform if self.perf else None)
 
 
 @dataclass(frozen=True)
@@ -71,41 +80,40 @@ class Model:
 
     name: str
     run: Run
-    entry: dict[str, Any] | None  # precision_report.json's models[name]
-    perf_model: dict[str, Any] | None
-    perf_cases: dict[str, dict[str, Any]]
+    entry: ModelRecord | None  # precision_report.json's models[name]
+    perf_model: PerfModelRecord | None
+    perf_cases: dict[str, PerfCaseRecord]
     benchmarks: list[dict[str, Any]]
 
     @classmethod
     def of(cls, run: Run, name: str) -> "Model":
-        perf = run.perf or {}
-        cases = {k: c for k, c in perf.get("cases", {}).items() if c.get("card") == name}
+        cases = {k: c for k, c in run.perf.cases.items() if c.card == name} if run.perf else {}
         benchmarks = [b for b in (run.benchmark or {}).get("benchmarks", [])
                       if b.get("extra_info", {}).get("card") == name]
-        return cls(name, run, (run.precision or {}).get("models", {}).get(name),
-                   perf.get("models", {}).get(name), cases, benchmarks)
+        return cls(name, run, run.precision.models.get(name) if run.precision else None,
+                   run.perf.models.get(name) if run.perf else None, cases, benchmarks)
 
     @property
-    def prompts(self) -> dict[str, dict[str, Any]]:
-        return (self.entry or {}).get("prompts", {})
+    def prompts(self) -> dict[str, PromptRecord]:
+        return self.entry.prompts if self.entry else {}
 
     @property
-    def serving(self) -> dict[str, Any] | None:
-        return (self.entry or {}).get("serving")
+    def serving(self) -> ServingRecord | None:
+        return self.entry.serving if self.entry else None
 
     @property
     def checkpoint(self) -> str | None:
-        return (self.entry or {}).get("checkpoint") or (self.perf_model or {}).get("checkpoint")
+        return (self.entry and self.entry.checkpoint) or (self.perf_model and self.perf_model.checkpoint) or None
 
     @property
-    def throughput_cases(self) -> list[dict[str, Any]]:
+    def throughput_cases(self) -> list[PerfCaseRecord]:
         return sorted((c for k, c in self.perf_cases.items() if "::test_throughput[" in k),
-                      key=lambda c: (c.get("mode", "eager"), c["batch_size"]))
+                      key=lambda c: (c.mode, c.batch_size))
 
     @property
-    def slowdown_cases(self) -> list[dict[str, Any]]:
+    def slowdown_cases(self) -> list[PerfCaseRecord]:
         return [c for k, c in sorted(self.perf_cases.items()) if "::test_gate_under_injected_slowdown[" in k]
 
     @property
     def platform(self) -> dict[str, Any] | None:
-        return (self.run.precision or {}).get("platform") or (self.run.perf or {}).get("platform")
+        return self.run.platform

@@ -39,43 +39,43 @@ def build(m: Model, decoder: Decoder, files: dict[str, Path], t: dict[str, Any])
             raise KeyError(f"verdict {key!r} has no text under `verdicts` in the i18n file")
         return t["verdicts"][key]
 
-    e = m.entry or {}
+    e, pm, serving = m.entry, m.perf_model, m.serving
     return {
         "name": m.name,
-        "generated": {"precision_at": (m.run.precision or {}).get("generated_at"),
-                      "perf_at": (m.run.perf or {}).get("generated_at"), "platform": (m.platform or {}).get("name")},
+        "generated": {"precision_at": m.run.precision.generated_at if m.run.precision else None,
+                      "perf_at": m.run.perf.generated_at if m.run.perf else None,
+                      "platform": (m.platform or {}).get("name")},
         "summary": {
-            "verdict": verdict(e.get("verdict", "not run")), "expected_fail": e.get("expect") == "fail",
-            "passed": sum(p["passed"] for p in m.prompts.values()), "total": len(m.prompts)} if m.prompts else None,
+            "verdict": verdict(e.verdict or "not run"), "expected_fail": e.expect == "fail",
+            "passed": sum(p.passed for p in m.prompts.values()), "total": len(m.prompts)} if e and m.prompts else None,
         "checks": precision_view.checks(m),
         "model_info": {k: v for k, v in {
-            "name": m.name, "architecture": e.get("architecture"), "weights": e.get("weights"),
-            "reference_weights": e.get("reference_weights"), "checkpoint": m.checkpoint,
-            "dtype": e.get("dtype") or (m.perf_model or {}).get("dtype"), "reference_dtype": e.get("reference_dtype"),
-            "max_tokens": e.get("max_tokens"), "expect": e.get("expect"), "card": e.get("card")}.items()
+            "name": m.name, "architecture": e and e.architecture, "weights": e and e.weights,
+            "reference_weights": e and e.reference_weights, "checkpoint": m.checkpoint,
+            "dtype": (e and e.dtype) or (pm and pm.dtype), "reference_dtype": e and e.reference_dtype,
+            "max_tokens": e and e.max_tokens, "expect": e and e.expect, "card": e and e.card}.items()
             if v is not None},
         "platform": {"name": m.platform["name"], "device": m.platform["device_name"], "host": m.platform["host"],
                      "versions": m.platform.get("versions", {})} if m.platform else None,
         # Records of patches.applied(): {patch, model, dtype, tensors, bytes_before, bytes_after}.
-        "patches": None if e.get("patches") is None else [
+        "patches": None if e is None or e.patches is None else [
             {"patch": p.get("patch"), "details": ", ".join(f"{k}={v}" for k, v in p.items() if k != "patch")}
-            for p in e["patches"]],
-        "evidence": precision_view.evidence(e.get("evidence"), verdict),
-        "engine_settings": {**m.perf_model.get("engine_args", {}), **m.perf_model.get("engine_env", {})}
-        if m.perf_model else None,
+            for p in e.patches],
+        "evidence": precision_view.evidence(e and e.evidence, verdict),
+        "engine_settings": {**pm.engine_args, **pm.engine_env} if pm else None,
         "quickstart": _quickstart(m, t["quickstart"]["example_prompt"]),
         "verification": _verification(m, verdict),
-        "precision": precision_view.precision(m, decoder, files, verdict) if m.prompts else None,
-        "diagnosis": precision_view.diagnosis(e.get("diagnosis"), files, e.get("verdict") == "fail"),
+        "precision": precision_view.precision(m, e, decoder, files, verdict) if e and m.prompts else None,
+        "diagnosis": precision_view.diagnosis(e and e.diagnosis, files, e is not None and e.verdict == "fail"),
         "performance": perf_view.performance(m, files, verdict),
         "serving": {
-            "verdict": verdict(m.serving.get("verdict", "not run")),
+            "verdict": verdict(serving.verdict or "not run"),
             "stage_rows": [[name, s.get("load_format"), num(s.get("boot_time_s"), ".1f"),
                             ", ".join(f"{k} {plain(v)}" for k, v in s.get("engine_reported", {}).items()),
-                            verdict(s["verdict"])] for name, s in m.serving.get("stages", {}).items()],
+                            verdict(s["verdict"])] for name, s in serving.stages.items()],
             "checks": [{"name": name, "verdict": verdict(c["verdict"])}
-                       for name, c in m.serving.get("checks", {}).items()]} if m.serving else None,
-        "errors": e.get("errors", []),
+                       for name, c in serving.checks.items()]} if serving else None,
+        "errors": e.errors if e else [],
         "files": [{"path": str(path), "kind": kind if kind in ("precision", "perf", "inference") else "picture"}
                   for kind, path in files.items()],
         # Said only where the texts were written, i.e. where there were prompts.
@@ -88,17 +88,17 @@ def _quickstart(m: Model, example_prompt: str) -> dict[str, Any]:
     c = commands()
     first = next(iter(m.prompts.values()), None)
     # Quoted for the shell: prompts may hold quotes or newlines.
-    values = {"model": m.name, "prompt": shlex.quote(first["text"] if first else example_prompt)}
-    max_tokens = (m.entry or {}).get("max_tokens")
+    values = {"model": m.name, "prompt": shlex.quote(first.text if first else example_prompt)}
+    max_tokens = m.entry.max_tokens if m.entry else None
     out = {key: c[key].format(**values) + (f" --max-tokens {max_tokens}" if max_tokens else "")
            for key in ("inference", "batch", "chat", "precision")}
     cases = m.throughput_cases
     out["perf"] = c["perf"].format(
-        model=m.name, input_len=cases[0]["input_len"], output_len=cases[0]["output_len"],
-        batch_sizes=",".join(str(b) for b in sorted({x["batch_size"] for x in cases}))) if cases \
+        model=m.name, input_len=cases[0].input_len, output_len=cases[0].output_len,
+        batch_sizes=",".join(str(b) for b in sorted({x.batch_size for x in cases}))) if cases \
         else c["perf_card"].format(model=m.name)
     out["suite"] = c["suite"].format(model=m.name)
-    stages = (m.serving or {}).get("stages", {})
+    stages = m.serving.stages if m.serving else {}
     stage = stages.get("real") or next(iter(stages.values()), None)
     out["serve"] = shell(stage["command"]) if stage and stage.get("command") else None
     return out
@@ -107,8 +107,8 @@ def _quickstart(m: Model, example_prompt: str) -> dict[str, Any]:
 def _verification(m: Model, verdict: Callable[[str], str]) -> list[dict[str, Any]]:
     """Rows of the matrix: item, status and evidence, the evidence as a text key of
     the `verification` texts and its values (`text` where it is the run's own words)."""
-    e = m.entry or {}
-    stages = (m.serving or {}).get("stages", {})
+    e = m.entry
+    stages = m.serving.stages if m.serving else {}
 
     def row(item: str, status: str, evidence: str | None, **values: Any) -> dict[str, Any]:
         return {"item": item, "status": verdict(status), "evidence": evidence, "args": values}
@@ -121,19 +121,19 @@ def _verification(m: Model, verdict: Callable[[str], str]) -> list[dict[str, Any
         return row(item, "not verified", "no_data")
 
     real = stage("real", "real_evidence_serving")
-    if real is None and e.get("load_time_s") is not None:
-        real = row("real", "passed", "real_evidence_engine", load_time_s=num(e["load_time_s"], ".1f"))
-    if real is None and e.get("errors"):
-        real = row("real", "failed", None, text=e["errors"][0].splitlines()[0])
+    if real is None and e and e.load_time_s is not None:
+        real = row("real", "passed", "real_evidence_engine", load_time_s=num(e.load_time_s, ".1f"))
+    if real is None and e and e.errors:
+        real = row("real", "failed", None, text=e.errors[0].splitlines()[0])
     graph = none("graph")
     if m.perf_model:
-        graph = (row("graph", "not verified", "graph_eager") if m.perf_model.get("engine_args", {}).get("enforce_eager")
+        graph = (row("graph", "not verified", "graph_eager") if m.perf_model.engine_args.get("enforce_eager")
                  else row("graph", "ran", "graph_compiled"))
     serving = none("serving")
     if m.serving:
-        checks = m.serving.get("checks", {}).values()
-        serving = row("serving", m.serving.get("verdict", "not run"), "serving_evidence",
+        checks = m.serving.checks.values()
+        serving = row("serving", m.serving.verdict or "not run", "serving_evidence",
                       passed=sum(c["verdict"] == "passed" for c in checks), total=len(checks))
     return [stage("dummy", "dummy_evidence") or none("dummy"), real or none("real"),
-            row("text", "ran", "text_evidence", prompts=len(m.prompts), tokens=e.get("max_tokens"))
+            row("text", "ran", "text_evidence", prompts=len(m.prompts), tokens=e.max_tokens if e else None)
             if m.prompts else none("text"), graph, serving]
