@@ -75,6 +75,14 @@ def test_gate_reads_the_runs_recorded_at_this_host_speed():
     between = sample_entry([100.0] * 3 + [120.0] * 3, [2.0] * 3 + [2.4] * 3, [50.0] * 3 + [60.0] * 3)
     near, _ = between.at_host_speed(56.0, window, 3)
     assert near.normalized == 2.4 and near.noise("normalized") == 0.0
+    # The nearest three straddling this speed (as in CI at 575 tok/s: two runs at 457, one at 730): the
+    # nearest run's side only, not the mixed three.
+    straddled = sample_entry([100.0, 100.0, 160.0, 160.0], [2.0, 2.0, 2.4, 2.4], [45.0, 45.0, 73.0, 76.0])
+    side, why = straddled.at_host_speed(57.0, window, 3)
+    assert [r.calibration_tok_s for r in side.runs] == [45.0, 45.0] and side.normalized == 2.0, why
+    assert "on one side of this run's" in why
+    above, _ = straddled.at_host_speed(66.0, window, 3)
+    assert [r.calibration_tok_s for r in above.runs] == [73.0, 76.0]
     # A speed no run was recorded at: no baseline gates it (against all six the slowed run would pass).
     alone, why = entry.at_host_speed(200.0, window, 3)
     assert alone is None and why.startswith("no recorded run at a host speed within")
