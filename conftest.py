@@ -9,4 +9,5 @@ pytest_plugins = (
     "fixtures.target",
     "fixtures.server",
     "fixtures.perf",
+    "fixtures.latency",
 )

@@ -334,10 +334,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         pairs = [(v.name, (v.name, b)) for c in cards for v in perf_cards(c) for b in perf_batch_sizes(c)]
         metafunc.parametrize(["card", "perf_case"], pairs, indirect=["card"], scope="session",
                              ids=[f"{c}-bs{b}" if b else c for c, (_, b) in pairs])
-    elif "slowdown_case" in metafunc.fixturenames:
-        pairs = [(c.name, (c.name, kind)) for c in cards for kind in ("control", "slowed")]
-        metafunc.parametrize(["card", "slowdown_case"], pairs, indirect=["card"], scope="session",
-                             ids=[f"{c}-{kind}" for c, (_, kind) in pairs])
+    elif case := next((f for f in ("slowdown_case", "latency_case") if f in metafunc.fixturenames), None):
+        kinds = ("control", "slowed") if case == "slowdown_case" else ("control", "decode", "prefill")
+        pairs = [(c.name, (c.name, k)) for c in cards if case == "slowdown_case" or c.gates_latency for k in kinds]
+        metafunc.parametrize(["card", case], pairs, indirect=["card"], scope="session",
+                             ids=[f"{c}-{k}" for c, (_, k) in pairs])
     else:
         metafunc.parametrize("card", [c.name for c in cards], indirect=True, scope="session")
 

@@ -136,6 +136,20 @@ def choose_scaled_mm_linear_kernel(config: Any, possible_kernels: Any, quantizat
     return get("choose_scaled_mm_linear_kernel")(config=config, possible_kernels=possible_kernels, **extra)
 
 
+# `vllm bench serve`: its module, whose `add_cli_args` and `main` clash by name with the throughput bench's.
+SERVE_BENCHMARK = "vllm.benchmarks.serve"
+
+
+def run_serve_benchmark(argv: list[str]) -> dict[str, Any]:
+    """`vllm bench serve` with these arguments, through vLLM's own parser and main:
+    the result dict it returns (and would save with --save-result). Parsed anew
+    each call: its main writes into the parsed arguments."""
+    serve = importlib.import_module(SERVE_BENCHMARK)
+    parser = get("FlexibleArgumentParser")(prog="vllm bench serve")
+    serve.add_cli_args(parser)
+    return serve.main(parser.parse_args(argv))
+
+
 def run_throughput_benchmark(argv: list[str],
                              around_generate: Callable[[], ContextManager[Any]] | None = None) -> None:
     """`vllm bench throughput` with these arguments, through vLLM's own parser and

@@ -141,6 +141,7 @@ def patch_imports() -> dict[tuple[str, str], set[str]]:
 def problems(source: Source, version: tuple[int, ...]) -> list[str]:
     """What the adapter and the patches use that this vLLM source lacks."""
     wanted = {(module, name): vllm_api.keywords(name, version) for name, module in vllm_api.NAMES.items()}
+    wanted.update({(vllm_api.SERVE_BENCHMARK, name): set() for name in ("add_cli_args", "main")})
     for key, keywords in patch_imports().items():
         wanted.setdefault(key, set()).update(keywords)
     found_problems = []

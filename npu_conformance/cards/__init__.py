@@ -24,7 +24,8 @@ from npu_conformance.cards.prompts import PROMPT_SET_NAME, PROMPTS_DIR, Prompt, 
 from npu_conformance.cards.schema import (PLATFORMS, WEIGHT_KINDS, Dtype, PlatformName, PositiveInt, PositiveNumber,
                                           WeightKind)
 from npu_conformance.cards.sections import (VARIANT_MARK, ConditionName, ConditionSpec, DevicePart, DiagnosisSpec,
-                                            Expectation, FaultSpec, PerfSpec, PlatformSettings, WeightSource)
+                                            Expectation, FaultSpec, LatencySpec, PerfSpec, PlatformSettings,
+                                            WeightSource)
 from npu_conformance.cards.serve import MENTION_FIELDS, BadRequest, ServeSpec
 from npu_conformance.cards.thresholds import NoiseSpec, Thresholds, ThresholdSpec
 
@@ -32,7 +33,7 @@ __all__ = [
     "ARG_NAME", "CATALOG_DIR", "DEFAULTS_NAME", "MENTION_FIELDS", "PLATFORMS", "PROMPTS_DIR", "PROMPT_SET_NAME",
     "SUITE_ENV", "SUITE_FLAGS", "VARIANT_MARK", "WEIGHT_KINDS",
     "BadRequest", "Card", "CardError", "ConditionName", "ConditionSpec", "DevicePart", "DiagnosisSpec", "Dtype",
-    "EngineOptions", "EnvVars", "Expectation", "FaultSpec", "NoiseSpec", "PerfSpec", "PlatformName",
+    "EngineOptions", "EnvVars", "Expectation", "FaultSpec", "LatencySpec", "NoiseSpec", "PerfSpec", "PlatformName",
     "PlatformSettings", "PositiveInt", "PositiveNumber", "Prompt", "PromptList", "ServeSpec", "ServerFlags",
     "ThresholdSpec", "Thresholds", "WeightKind", "WeightSource",
     "adhoc_card", "engine_arg_names", "load_card", "load_catalog", "load_defaults", "parse_card", "read_json",

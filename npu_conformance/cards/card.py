@@ -184,6 +184,11 @@ class Card(Section):
             "parts": {}})
         return self.model_copy(update={"platforms": {**self.platforms, platform: merged}, "part": name})
 
+    @property
+    def gates_latency(self) -> bool:
+        """Whether some platform measures this card's serving latency (its `latency.run`)."""
+        return any(p.latency is not None and p.latency.run for p in self.platforms.values())
+
     def engine_args(self, platform: str) -> dict[str, Any]:
         """vLLM engine arguments on `platform`: the common ones, then its overrides,
         then those of the variant's condition."""

@@ -68,6 +68,31 @@ class PerfSpec(Section):
     fidelity: StrictBool = False
 
 
+class LatencySpec(Section):
+    """How a card's serving latency is measured and gated (npu_conformance/perf/latency.py,
+    latency_gate.py): `vllm bench serve` rounds against the card's server at
+    `concurrency`, clean rounds alternating with the case's, TTFT and TPOT p50
+    gated as `slowdown <= 1 + max(slack, noise_k x noise)`."""
+
+    # Whether the latency tests boot this card's server (a third boot per card).
+    run: StrictBool
+    concurrency: PositiveInt
+    # Requests per round, `concurrency` at a time.
+    prompts: PositiveInt
+    input_len: PositiveInt
+    output_len: PositiveInt
+    # The case's rounds, each between two clean rounds.
+    case_rounds: Annotated[StrictInt, Field(ge=2)]
+    # Trial rounds of the injected slowdown, each after a clean one, that size it (and warm the server).
+    sizing_rounds: PositiveInt
+    # Calibration runs after each round (host speed, reported beside each round).
+    calibration_runs: PositiveInt
+    slack: Annotated[StrictFloat, Field(ge=0, lt=1)]
+    noise_k: Annotated[StrictFloat, Field(ge=0)]
+    # The slowdown of one phase's figure the gate must catch (tests/test_serving_latency.py injects it).
+    detect_slowdown: Annotated[StrictFloat, Field(gt=1)]
+
+
 # Joins a card's name and a condition's in a variant's name.
 VARIANT_MARK = "+"
 ConditionName = Literal["single", "batch", "prefix_cache", "chunked_prefill", "graph"]
@@ -109,6 +134,7 @@ class PlatformSettings(Section):
     # Why the card has no perf gate on this platform (another card measures the
     # same engine): a strict run skips its perf cases only with a reason given.
     perf_exempt: StrictStr | None = None
+    latency: LatencySpec | None = None
     # The attention backends an engine may run on this platform (their get_name()):
     # evidence of another one fails the card.
     attention_backends: tuple[StrictStr, ...] = ()

@@ -46,7 +46,7 @@ def selected_tokens(path: str, positions: torch.Tensor, query_start_loc: torch.T
     return mask
 
 
-def _query_start_loc(attn_metadata: Any) -> torch.Tensor | None:
+def query_start_loc(attn_metadata: Any) -> torch.Tensor | None:
     """The step's request offsets from vLLM's forward context (one metadata per
     attention layer, all alike; None in a profiling or dummy step)."""
     if isinstance(attn_metadata, list):  # micro-batched steps: not used by these cards
@@ -74,7 +74,7 @@ def install(model: torch.nn.Module, fault: Mapping[str, Any], block_size: int) -
         positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
         if not isinstance(hidden, torch.Tensor) or positions is None:
             return hidden
-        starts = _query_start_loc(vllm_api.attention_metadata())
+        starts = query_start_loc(vllm_api.attention_metadata())
         if starts is None:
             return hidden
         mask = selected_tokens(path, positions, starts, block_size, min_batch).to(hidden.device)

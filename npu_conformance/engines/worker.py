@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from npu_conformance.engines import capture, evidence, faults, taps
+from npu_conformance.engines import capture, delays, evidence, faults, taps
 
 WORKER_EXTENSION = f"{__name__}.WorkerExtension"
 
@@ -29,6 +29,15 @@ class WorkerExtension:
     def conformance_fault_record(self) -> dict[str, Any] | None:
         """The installed fault and how many steps and tokens it has perturbed so far."""
         return copy.deepcopy(getattr(self, "_conformance_fault", None))
+
+    def conformance_delay(self, phase: str, stretch: str) -> dict[str, Any]:
+        """Stretch the steps of `phase` ("none": no phase) by `stretch` times their time (engines.delays);
+        what ran since the last call. Strings: the server's /collective_rpc passes its arguments as strings."""
+        delay = getattr(self, "_conformance_delay", None) or delays.PhaseDelay(self.get_model())
+        self._conformance_delay = delay
+        ran = delay.record()
+        delay.set(None if phase == "none" else phase, float(stretch))
+        return ran
 
     def conformance_tap(self, tokens: int) -> list[str]:
         """Hooks that keep the hidden states of the next prefill of `tokens` tokens (engines.taps)."""

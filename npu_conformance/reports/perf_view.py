@@ -26,6 +26,12 @@ def _gate_cells(c: PerfCaseRecord) -> list[str]:
             pct((norm or gate.get("absolute") or {}).get("tolerance"))]
 
 
+def _latency_cell(c: PerfCaseRecord, name: str) -> str:
+    """A latency figure's slowdown against its neighbouring clean rounds, and its limit."""
+    f = (c.model_extra or {})["latency"]["judged"]["figures"][name]
+    return f"{f['slowdown']:.3f}x / {f['limit']:.3f}" + ("" if f["gated"] else " (reported)")
+
+
 def performance(m: Model, files: dict[str, Path], verdict: Callable[[str], str]) -> dict[str, Any]:
     pm, cases = m.perf_model, m.throughput_cases
     bw = pm.bandwidth if pm else {}
@@ -53,6 +59,9 @@ def performance(m: Model, files: dict[str, Path], verdict: Callable[[str], str])
         "slowdown": [[(c.injected or {}).get("factor"), num((c.injected or {}).get("achieved_slowdown"), ".2f"),
                       num(c.output_tok_s, ".1f"), *_gate_cells(c), c.expected_verdict or "—",
                       f"{verdict(c.verdict)}: {c.message}"] for c in m.slowdown_cases],
+        "latency": [[(c.model_extra or {})["latency"]["case"], (c.model_extra or {})["latency"]["factor"],
+                     *(_latency_cell(c, name) for name in ("ttft_p50", "tpot_p50", "ttft_p99", "tpot_p99")),
+                     c.expected_verdict or "—", f"{verdict(c.verdict)}: {c.message}"] for c in m.latency_cases],
         # The bench and load self-tests, told apart by the figures only they record.
         "fidelity": [{"verdict": verdict(c.verdict), "message": c.message}
                      for c in m.perf_cases.values() if "ratios" in (c.model_extra or {})],

@@ -115,5 +115,9 @@ class Model:
         return [c for k, c in sorted(self.perf_cases.items()) if "::test_gate_under_injected_slowdown[" in k]
 
     @property
+    def latency_cases(self) -> list[PerfCaseRecord]:
+        return [c for k, c in sorted(self.perf_cases.items()) if "::test_latency_gate_under_injected_slowdown[" in k]
+
+    @property
     def platform(self) -> dict[str, Any] | None:
         return self.run.platform

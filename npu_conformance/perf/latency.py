@@ -1,0 +1,169 @@
+"""Serving latency in a process of its own: rounds of `vllm bench serve` against
+the suite's server, each round's TTFT and TPOT percentiles, with a slower
+prefill or decode path switched on for some rounds (engines.delays, through the
+server's /collective_rpc) and the host-speed calibration after every round.
+
+The suite's side (latency_command, run_latency) writes the plan, starts this
+module as `python -m npu_conformance.perf.latency PLAN`, and reads back the one
+line it prints after RESULT_LINE. The plan's rounds say which phase to slow and
+by what factor of which figure; the stretch that gives that factor is sized here,
+from the sizing rounds' figures and the forward time the server kept per phase:
+a phase's share of a request's latency differs by host and engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import httpx
+
+from npu_conformance import process, vllm_api
+from npu_conformance.baselines import settings
+from npu_conformance.perf.calibration import Calibration
+from npu_conformance.perf.latency_gate import neighbour_ratios
+
+LATENCY_MODULE = "npu_conformance.perf.latency"
+# The server's key, as vllm bench serve reads it; the delay switch sends the same.
+API_KEY_ENV = "OPENAI_API_KEY"
+RESULT_LINE = "npu-conformance latency rounds:"
+RESULT = re.compile(re.escape(RESULT_LINE) + r" (\{.*\})$", re.MULTILINE)
+# vllm bench serve's result keys for the figures the gate reads, per metric.
+FIGURES = {"ttft": ("median_ttft_ms", "p99_ttft_ms"), "tpot": ("median_tpot_ms", "p99_tpot_ms")}
+# The figure a phase's slower path lengthens: prefill the first token, decode the tokens after it.
+METRIC_OF_PHASE = {"prefill": "ttft", "decode": "tpot"}
+# What the gate decides on (the medians), and what it judges alike and only reports (p99:
+# one or two requests of a round, see data in _defaults.yaml).
+GATED = {f"{metric}_p50": keys[0] for metric, keys in FIGURES.items()}
+REPORTED = {f"{metric}_p99": keys[1] for metric, keys in FIGURES.items()}
+
+
+def bench_args(plan: Mapping[str, Any]) -> list[str]:
+    """`vllm bench serve` arguments for one round of the plan: the card's lengths,
+    exact (random dataset, no range, EOS ignored), at the plan's concurrency."""
+    return ["--backend", "vllm", "--base-url", plan["base_url"], "--model", plan["model"],
+            *(["--served-model-name", plan["served_model_name"]] if plan.get("served_model_name") else []),
+            "--tokenizer", plan["tokenizer"], "--dataset-name", "random",
+            "--random-input-len", str(plan["input_len"]), "--random-output-len", str(plan["output_len"]),
+            "--random-range-ratio", "0", "--ignore-eos", "--num-prompts", str(plan["prompts"]),
+            "--max-concurrency", str(plan["concurrency"]), "--seed", str(plan["seed"]),
+            "--percentile-metrics", "ttft,tpot", "--metric-percentiles", "50,99", "--disable-tqdm",
+            *(["--trust-remote-code"] if plan.get("trust_remote_code") else [])]
+
+
+def stretch_for(factor: float, figure_ms: float, forward: Mapping[str, Any], phase: str) -> float:
+    """The stretch of each `phase` step that makes `figure_ms` (that phase's figure,
+    METRIC_OF_PHASE) `factor` times as long: one such step per token of that figure,
+    its mean forward time from the delay's record (`steps`, `forward_s`)."""
+    steps = forward["steps"][phase]
+    if not steps:
+        raise ValueError(f"the sizing rounds ran no {phase} step: nothing to stretch")
+    return (factor - 1) * figure_ms / 1000 / (forward["forward_s"][phase] / steps)
+
+
+def make_plan(spec: Any, base_url: str, options: Mapping[str, Any], calibration: Path, phase: str | None,
+              request_timeout_s: float) -> dict[str, Any]:
+    """The rounds of one case on the server at `base_url` (started with `options`):
+    `spec` (a card's LatencySpec), clean rounds alternating with `phase`'s (None:
+    the control, clean throughout), that phase sized to `spec.detect_slowdown`."""
+    names = options.get("served_model_name")
+    return {"base_url": base_url, "model": options["model"], "tokenizer": options.get("tokenizer", options["model"]),
+            "served_model_name": names if isinstance(names, str) else (names[0] if names else None),
+            "trust_remote_code": options.get("trust_remote_code", False),
+            "concurrency": spec.concurrency, "prompts": spec.prompts, "input_len": spec.input_len,
+            "output_len": spec.output_len, "seed": 0, "request_timeout_s": request_timeout_s,
+            "calibration": str(calibration), "calibration_runs": spec.calibration_runs,
+            "sizing_rounds": spec.sizing_rounds, "factors": {phase: spec.detect_slowdown} if phase else {},
+            "sequence": [None, phase] * spec.case_rounds + [None]}
+
+
+def latency_command(plan_path: Path) -> list[str]:
+    return [sys.executable, "-m", LATENCY_MODULE, str(plan_path)]
+
+
+def run_latency(plan: Mapping[str, Any], env: Mapping[str, str], timeout_s: float) -> dict[str, Any]:
+    """Run the plan in its own process group (process.run_in_group), killed whole
+    at the deadline: {"sizing": [rounds], "stretch": {phase: stretch}, "rounds": [rounds]}. A failure
+    raises with the output's tail."""
+    with tempfile.TemporaryDirectory(prefix="latency-") as folder:
+        path = Path(folder) / "plan.json"
+        path.write_text(json.dumps(plan), encoding="utf-8")
+        returncode, out = process.run_in_group(latency_command(path), env, timeout_s, "vllm bench serve rounds")
+    if returncode:
+        raise RuntimeError(f"vllm bench serve rounds exited {returncode}:\n{out[-3000:]}")
+    found = RESULT.search(out)
+    if found is None:
+        raise ValueError(f"no '{RESULT_LINE}' line after vllm bench serve rounds:\n{out[-3000:]}")
+    return json.loads(found.group(1))
+
+
+class _Server:
+    """The server's delay switch (engines.worker's conformance_delay over /collective_rpc)."""
+
+    def __init__(self, base_url: str, api_key: str | None, timeout_s: float) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.url = base_url + "/collective_rpc"
+        self.client = httpx.Client(timeout=timeout_s, trust_env=False, headers=headers)
+
+    def delay(self, phase: str | None, stretch: float) -> dict[str, Any]:
+        """Switch to `phase` at `stretch`; what the worker ran since the last switch."""
+        reply = self.client.post(self.url, json={"method": "conformance_delay",
+                                                 "args": [phase or "none", repr(stretch)]})
+        if reply.status_code != 200:
+            raise RuntimeError(f"POST /collective_rpc conformance_delay: {reply.status_code} {reply.text[:500]}")
+        return reply.json()["results"][0]
+
+
+def _round(server: _Server, args: list[str], phase: str | None, stretch: float,
+           calibration: Calibration | None, calibration_runs: int) -> dict[str, Any]:
+    server.delay(phase, stretch)
+    result = vllm_api.run_serve_benchmark(args)
+    ran = server.delay(None, 0.0)
+    if result.get("failed"):
+        raise RuntimeError(f"{result['failed']} of {result['completed'] + result['failed']} requests failed: "
+                           f"{[e for e in result.get('errors', []) if e][:3]}")
+    figures = {key: float(result[key]) for keys in FIGURES.values() for key in keys}
+    cal = (calibration.tokens / statistics.median(calibration.run() for _ in range(calibration_runs))
+           if calibration else None)
+    return {"phase": phase, "stretch": stretch, **figures, "output_tok_s": float(result["output_throughput"]),
+            "completed": result["completed"], "forward": ran, "calibration_tok_s": cal}
+
+
+def main(argv: list[str] | None = None) -> None:
+    plan = json.loads(Path((sys.argv[1:] if argv is None else argv)[0]).read_text(encoding="utf-8"))
+    server = _Server(plan["base_url"], os.environ.get(API_KEY_ENV), plan["request_timeout_s"])
+    args = bench_args(plan)
+    calibration = None
+    if plan.get("calibration"):
+        spec = settings()["calibration"]
+        calibration = Calibration(Path(plan["calibration"]), vllm_api.current_platform().device_type,
+                                  spec["batch_size"], spec["input_len"], spec["output_len"], spec["warmup_rounds"])
+    # Sized from a clean round's figure and forward time, then corrected once by the
+    # achieved slowdown of `sizing_rounds` trial rounds, each between clean ones (the
+    # gate's own estimate): part of a step's time overlaps the server's other work, so
+    # a spin lengthens the figure by less than itself.
+    def measure(phase: str | None, stretch: float) -> dict[str, Any]:
+        return _round(server, args, phase, stretch, calibration, plan["calibration_runs"])
+
+    sizing, stretch = [measure(None, 0.0)], {}
+    for phase, factor in plan["factors"].items():
+        key = FIGURES[METRIC_OF_PHASE[phase]][0]
+        first = stretch_for(factor, sizing[0][key], sizing[0]["forward"], phase)
+        trial = [sizing[0]]
+        for _ in range(plan["sizing_rounds"]):
+            trial += [measure(phase, first), measure(None, 0.0)]
+        achieved = statistics.median(neighbour_ratios([r[key] for r in trial], range(1, len(trial), 2)))
+        stretch[phase] = first * min(max((factor - 1) / (achieved - 1), 0.5), 3.0) if achieved > 1 else first * 3.0
+        sizing += trial[1:]
+    rounds = [measure(phase, stretch[phase] if phase else 0.0) for phase in plan["sequence"]]
+    print(f"{RESULT_LINE} {json.dumps({'sizing': sizing, 'stretch': stretch, 'rounds': rounds})}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

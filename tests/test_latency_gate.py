@@ -1,0 +1,82 @@
+"""The serving latency gate's arithmetic (perf.latency_gate), the stretch sizing
+(perf.latency) and the delay's step phases (engines.delays), on small arrays."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from npu_conformance.engines.delays import PhaseDelay, step_phase
+from npu_conformance.perf import latency, latency_gate
+
+pytestmark = pytest.mark.unit
+
+GATED = {"tpot_p50": "tpot"}
+
+
+def _rounds(clean: list[float], case: list[float], phase: str | None = "decode") -> list[dict]:
+    rounds = []
+    for i, c in enumerate(clean):
+        rounds.append({"phase": None, "tpot": c})
+        if i < len(case):
+            rounds.append({"phase": phase, "tpot": case[i]})
+    return rounds
+
+
+def test_a_slowdown_over_the_tolerance_fails_and_the_clean_rounds_give_its_noise() -> None:
+    judged = latency_gate.judge(_rounds([10, 10.2, 9.9, 10.1, 10], [12.5, 12.6, 12.4, 12.5]), GATED, {}, 0.12, 2.5)
+    figure = judged["figures"]["tpot_p50"]
+    assert judged["verdict"] == "fail" and judged["failed"] == ["tpot_p50"]
+    assert figure["slowdown"] == pytest.approx(12.5 / math.sqrt(10.2 * 9.9), rel=0.02)
+    assert figure["noise"] is not None and figure["tolerance"] == pytest.approx(0.12)
+
+
+def test_the_same_figures_without_a_slowdown_pass() -> None:
+    judged = latency_gate.judge(_rounds([10, 10.2, 9.9, 10.1, 10], [10.1, 9.9, 10.2, 10]), GATED, {}, 0.12, 2.5)
+    assert judged["verdict"] == "pass"
+
+
+def test_noisy_clean_rounds_widen_the_tolerance_and_a_reported_figure_never_decides() -> None:
+    rounds = _rounds([10, 14, 8, 13, 9], [12.5, 12.6, 12.4, 12.5])
+    judged = latency_gate.judge(rounds, {}, {"tpot_p99": "tpot"}, 0.12, 2.5)
+    figure = judged["figures"]["tpot_p99"]
+    assert figure["tolerance"] > 0.12 and not figure["gated"] and judged["verdict"] == "pass"
+
+
+def test_a_load_that_comes_and_goes_falls_on_both_sides() -> None:
+    # The host at half speed for the middle rounds: each case round is still 1.25x its neighbours.
+    clean = [10, 10, 20, 20, 10]
+    case = [12.5 * math.sqrt(a * b) / 10 for a, b in zip(clean, clean[1:])]
+    assert latency_gate.judge(_rounds(clean, case), GATED, {}, 0.12, 2.5)["figures"]["tpot_p50"]["slowdown"] == \
+        pytest.approx(1.25)
+
+
+@pytest.mark.parametrize("sequence", [[None, "decode"], ["decode", None, "decode"], [None, "decode", "decode"]])
+def test_rounds_that_do_not_alternate_from_a_clean_one_are_refused(sequence: list) -> None:
+    with pytest.raises(ValueError, match="alternate"):
+        latency_gate.alternating_indices(sequence)
+
+
+def test_the_stretch_makes_the_phase_figure_the_factor_longer() -> None:
+    # TPOT 8 ms, decode forward 2 ms a step: 1.25x needs 2 ms more a step, a stretch of 1.
+    forward = {"steps": {"decode": 100, "prefill": 4}, "forward_s": {"decode": 0.2, "prefill": 0.04}}
+    assert latency.stretch_for(1.25, 8.0, forward, "decode") == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="no prefill step"):
+        latency.stretch_for(1.25, 8.0, {"steps": {"prefill": 0}, "forward_s": {"prefill": 0.0}}, "prefill")
+
+
+def test_a_step_is_decode_only_where_every_request_computes_one_token() -> None:
+    assert step_phase(torch.tensor([0, 1, 2, 3])) == "decode"
+    assert step_phase(torch.tensor([0, 1, 65, 66])) == "prefill"
+
+
+def test_the_delay_refuses_an_unknown_phase_and_a_negative_stretch() -> None:
+    delay = PhaseDelay(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="unknown phase"):
+        delay.set("sampling", 1.0)
+    with pytest.raises(ValueError, match="negative"):
+        delay.set("decode", -1.0)
+    delay.set("decode", 0.5)
+    assert delay.record()["stretch"] == 0.5 and delay.record()["steps"] == {"prefill": 0, "decode": 0}
