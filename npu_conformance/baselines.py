@@ -30,6 +30,7 @@ SETTINGS_FILE = Path(__file__).parent / "data" / "perf.yaml"
 # baselines once measured the patch's dense layers where the kernel now runs).
 FORMAT = 2
 Mode = Literal["eager", "graph"]
+Metric = Literal["output_tok_s", "ttft", "tpot"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -58,9 +59,14 @@ class Key(_Model):
     mode: Mode
     # How the quantized layers ran (perf.quant_key): none, patch:<patch>, kernel:<kernels>.
     quant: str
+    # Requests at a time: the batch, or the server's concurrency for a latency.
     batch_size: Annotated[int, Field(gt=0)]
     input_len: Annotated[int, Field(gt=0)]
     output_len: Annotated[int, Field(gt=0)]
+    # What the runs' tok_s is: the output tok/s of the suite's rounds, or a serving
+    # latency as a rate (perf.latency.Rate: 1000 / its p50 in ms), so one rule, higher
+    # is better, gates both. Absent in entries recorded before latencies were.
+    metric: Metric = "output_tok_s"
 
 
 class Entry(_Model):
@@ -199,8 +205,10 @@ def record(card: str, key: Key, versions: dict[str, str], run: Run, directory: P
         else:
             old = entries[index]
             entries[index] = old.model_copy(update={"runs": (*old.runs, run)[-keep:]})
-        entries.sort(key=lambda e: (e.key.platform, e.key.device, e.key.mode, e.key.batch_size))
-        write_json(file, BaselineFile(format=FORMAT, card=card, entries=tuple(entries)).model_dump(mode="json"))
+        entries.sort(key=lambda e: (e.key.platform, e.key.device, e.key.metric, e.key.mode, e.key.batch_size))
+        # exclude_defaults: an output tok/s entry's key stays as it was written before latencies.
+        write_json(file, BaselineFile(format=FORMAT, card=card, entries=tuple(entries)).model_dump(
+            mode="json", exclude_defaults=True))
     return file
 
 

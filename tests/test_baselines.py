@@ -54,8 +54,14 @@ def test_shipped_baselines_are_valid():
         assert file.stem in catalog, f"{file}: no card {file.stem!r}"
         loaded = baselines.load(file.stem)
         for entry in loaded.entries:
-            spec = catalog[file.stem].platform(entry.key.platform).perf
-            assert spec and entry.key.batch_size in spec.batch_sizes, f"{file}: {entry.key} is no perf case of the card"
+            settings = catalog[file.stem].platform(entry.key.platform)
+            if entry.key.metric == "output_tok_s":
+                spec = settings.perf
+                assert spec and entry.key.batch_size in spec.batch_sizes, f"{file}: {entry.key} is no perf case"
+            else:
+                lat = settings.latency
+                assert lat and lat.run and (entry.key.batch_size, entry.key.input_len, entry.key.output_len) == (
+                    lat.concurrency, lat.input_len, lat.output_len), f"{file}: {entry.key} is no latency case"
 
 
 def test_a_host_reads_only_its_own_devices_baselines():

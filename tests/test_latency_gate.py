@@ -80,3 +80,26 @@ def test_the_delay_refuses_an_unknown_phase_and_a_negative_stretch() -> None:
         delay.set("decode", -1.0)
     delay.set("decode", 0.5)
     assert delay.record()["stretch"] == 0.5 and delay.record()["steps"] == {"prefill": 0, "decode": 0}
+
+
+def test_a_latency_is_gated_as_a_rate_by_the_throughput_rule() -> None:
+    # Clean rounds at 8 ms TPOT with the calibration at 500 tok/s: rate 125, normalized 0.25.
+    rounds = [{"phase": None, "median_tpot_ms": 8.0, "median_ttft_ms": 50.0, "calibration_tok_s": 500.0}] * 3
+    rate = latency.Rate.of(rounds, "tpot", {"vllm": "1"})
+    assert rate.output_tok_s == pytest.approx(125) and rate.normalized == pytest.approx(0.25)
+    run = rate.as_run()
+    assert run.rounds == 3 and run.calibration_tok_s == 500.0
+
+
+def test_a_latency_entry_is_keyed_by_its_metric_and_an_output_entry_is_written_as_before(tmp_path) -> None:
+    from npu_conformance import baselines
+
+    key = dict(platform="cpu", device="d", mode="eager", quant="server", batch_size=16, input_len=64, output_len=32)
+    run = baselines.Run(recorded_at="t", rounds=3, tok_s=125.0, normalized=0.25, calibration_tok_s=500.0)
+    baselines.record("card", baselines.Key(**key, metric="tpot"), {}, run, tmp_path)
+    baselines.record("card", baselines.Key(**{**key, "quant": "none"}), {}, run, tmp_path)
+    loaded = baselines.load("card", tmp_path)
+    assert baselines.find(loaded, baselines.Key(**key, metric="ttft"), {}) is None
+    assert baselines.find(loaded, baselines.Key(**key, metric="tpot"), {}) is not None
+    text = (tmp_path / "card.json").read_text()
+    assert text.count('"metric"') == 1, "an output tok/s entry's key gained a field its older files lack"

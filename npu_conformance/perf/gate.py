@@ -6,12 +6,36 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from npu_conformance import baselines
 from npu_conformance.cards import Card, PerfSpec
 from npu_conformance.perf.measure import Measurement
 from npu_conformance.platforms import Platform
+
+
+class Measured(Protocol):
+    """What the gate reads of a measurement (perf.Measurement, perf.latency.Rate):
+    a rate, higher is better, its median ratio to the calibration, the calibration's speed."""
+
+    versions: dict[str, str]
+
+    @property
+    def output_tok_s(self) -> float: ...
+
+    @property
+    def normalized(self) -> float | None: ...
+
+    @property
+    def calibration_tok_s(self) -> float | None: ...
+
+
+class Tolerances(Protocol):
+    """The gate's settings (a card's PerfSpec or LatencySpec)."""
+
+    slack: float
+    noise_k: float
+    detect_slowdown: float
 
 
 def engine_mode(card: Card, platform: str) -> baselines.Mode:
@@ -36,7 +60,7 @@ def baseline_key(card: Card, platform: Platform, spec: PerfSpec, batch_size: int
                          quant=quant, batch_size=batch_size, input_len=spec.input_len, output_len=spec.output_len)
 
 
-def tolerance(spec: PerfSpec, noise: float | None) -> float:
+def tolerance(spec: Tolerances, noise: float | None) -> float:
     """`max(slack, noise_k x noise)`: the slack alone where the baseline has no noise figure."""
     return max(spec.slack, spec.noise_k * noise) if noise is not None else spec.slack
 
@@ -62,7 +86,7 @@ class Gate:
         return "normalized" if "normalized" in checks else "absolute"
 
 
-def _check(name: str, measured: float, base: float, noise: float | None, spec: PerfSpec,
+def _check(name: str, measured: float, base: float, noise: float | None, spec: Tolerances,
            fmt: str) -> tuple[bool, str, dict[str, Any]]:
     tol = tolerance(spec, noise)
     floor = base * (1 - tol)
@@ -74,8 +98,8 @@ def _check(name: str, measured: float, base: float, noise: float | None, spec: P
                       "ratio": measured / base, "passed": ok}
 
 
-def judge(measured: Measurement, entry: baselines.Entry | None, spec: PerfSpec,
-          record_hint: str, *, match_host_speed: bool = True) -> Gate:
+def judge(measured: Measured, entry: baselines.Entry | None, spec: Tolerances,
+          record_hint: str, *, match_host_speed: bool = True, figure: str = "output tok/s") -> Gate:
     """The gate of one case, against the runs recorded at a host speed like this
     run's (Entry.at_host_speed; none at such a speed: "measured", as with no
     baseline; `match_host_speed` False for an entry from this run's own
@@ -84,11 +108,12 @@ def judge(measured: Measurement, entry: baselines.Entry | None, spec: PerfSpec,
     - normalized: the median of each round's tok/s over its calibration's, against the baseline's;
     - absolute: median tok/s against the baseline's, the floor lowered by as much as
       the calibration runs slower than at recording (never raised): a uniformly
-      slower or loaded host does not move the verdict, a slower engine path does."""
+      slower or loaded host does not move the verdict, a slower engine path does.
+    `figure` names the rate in messages (a latency's rate: perf.latency.Rate)."""
     checks: dict[str, Any] = {}
     if entry is None:
         return Gate("measured", f"no baseline recorded for this case ({record_hint}); "
-                                f"output tok/s {measured.output_tok_s:.1f}, not gated", {"baseline": None, "gate": checks})
+                                f"{figure} {measured.output_tok_s:.1f}, not gated", {"baseline": None, "gate": checks})
     messages = []
     chosen = None
     if match_host_speed and measured.calibration_tok_s is not None:
@@ -96,7 +121,7 @@ def judge(measured: Measurement, entry: baselines.Entry | None, spec: PerfSpec,
                                            baselines.settings()["baselines"]["host_speed_window"],
                                            baselines.settings()["baselines"]["min_runs_for_noise"])
         if near is None:
-            return Gate("measured", f"{chosen}; output tok/s {measured.output_tok_s:.1f}, not gated ({record_hint} "
+            return Gate("measured", f"{chosen}; {figure} {measured.output_tok_s:.1f}, not gated ({record_hint} "
                                     f"at this speed)",
                         {"baseline": None, "baseline_at_other_speeds": entry.summary(), "gate": checks})
         entry = near
@@ -109,7 +134,7 @@ def judge(measured: Measurement, entry: baselines.Entry | None, spec: PerfSpec,
         ok_norm, norm_text, checks["normalized"] = _check("normalized", measured.normalized, entry.normalized,
                                                           entry.noise("normalized"), spec, ".3f")
         messages += [norm_text, f"host calibration at {host:.2f}x its recorded speed"]
-    ok_abs, abs_text, checks["absolute"] = _check("output tok/s", measured.output_tok_s, entry.tok_s * min(1.0, host),
+    ok_abs, abs_text, checks["absolute"] = _check(figure, measured.output_tok_s, entry.tok_s * min(1.0, host),
                                                   entry.noise("tok_s"), spec, ".1f")
     checks["absolute"]["host_allowance"] = min(1.0, host)
     messages.insert(0, abs_text if host >= 1 else f"{abs_text} (baseline {entry.tok_s:.1f} x host {host:.2f})")

@@ -19,14 +19,18 @@ import re
 import statistics
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import httpx
 
-from npu_conformance import process, vllm_api
+from npu_conformance import baselines, process, vllm_api
 from npu_conformance.baselines import settings
+from npu_conformance.platforms import Platform
+from npu_conformance.cards import Card
 from npu_conformance.perf.calibration import Calibration
+from npu_conformance.perf.gate import engine_mode
 from npu_conformance.perf.latency_gate import neighbour_ratios
 
 LATENCY_MODULE = "npu_conformance.perf.latency"
@@ -42,6 +46,50 @@ METRIC_OF_PHASE = {"prefill": "ttft", "decode": "tpot"}
 # one or two requests of a round, see data in _defaults.yaml).
 GATED = {f"{metric}_p50": keys[0] for metric, keys in FIGURES.items()}
 REPORTED = {f"{metric}_p99": keys[1] for metric, keys in FIGURES.items()}
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A latency figure of clean rounds as the throughput gate reads a measurement
+    (perf.gate.Measured): the rate 1000 / its p50 in ms (a TTFT as first tokens per
+    second, a TPOT as tokens per second of one request), so a 1.25x longer latency
+    is a 0.8x rate; the median over rounds, and the median of each round's rate over
+    the calibration's tok/s after that round."""
+
+    rounds: tuple[tuple[float, float | None], ...]  # (p50 in ms, calibration tok/s) per clean round
+    versions: dict[str, str]
+
+    @classmethod
+    def of(cls, rounds: Sequence[Mapping[str, Any]], metric: str, versions: dict[str, str]) -> "Rate":
+        key = FIGURES[metric][0]
+        return cls(tuple((float(r[key]), r["calibration_tok_s"]) for r in rounds if r["phase"] is None), versions)
+
+    @property
+    def output_tok_s(self) -> float:
+        return statistics.median(1000 / ms for ms, _ in self.rounds)
+
+    @property
+    def calibration_tok_s(self) -> float | None:
+        speeds = [c for _, c in self.rounds if c is not None]
+        return statistics.median(speeds) if speeds else None
+
+    @property
+    def normalized(self) -> float | None:
+        ratios = [1000 / ms / c for ms, c in self.rounds if c is not None]
+        return statistics.median(ratios) if ratios else None
+
+    def as_run(self) -> baselines.Run:
+        return baselines.Run(recorded_at=baselines.now(), rounds=len(self.rounds), tok_s=self.output_tok_s,
+                             normalized=self.normalized, calibration_tok_s=self.calibration_tok_s)
+
+
+def latency_key(card: Card, platform: Platform, spec: Any, metric: str) -> baselines.Key:
+    """The baseline key of a card's serving latency `metric` (ttft, tpot) at `spec`'s
+    concurrency and lengths. `quant` is "server": the server's quantization path is
+    not observed (an engine's is, perf.quant_key), only the card's."""
+    return baselines.Key(platform=platform.name, device=platform.perf_device, mode=engine_mode(card, platform.name),
+                         quant="server", batch_size=spec.concurrency, input_len=spec.input_len,
+                         output_len=spec.output_len, metric=metric)
 
 
 def bench_args(plan: Mapping[str, Any]) -> list[str]:
@@ -146,11 +194,13 @@ def main(argv: list[str] | None = None) -> None:
                                   spec["batch_size"], spec["input_len"], spec["output_len"], spec["warmup_rounds"])
     # Sized from a clean round's figure and forward time, then corrected once by the
     # achieved slowdown of `sizing_rounds` trial rounds, each between clean ones (the
-    # gate's own estimate): part of a step's time overlaps the server's other work, so
-    # a spin lengthens the figure by less than itself.
+    # gate's own estimate): a figure is more than its steps (the server's other work
+    # overlaps them, a sleep overshoots), so the first size read 1.2-1.8x for 1.25x.
     def measure(phase: str | None, stretch: float) -> dict[str, Any]:
         return _round(server, args, phase, stretch, calibration, plan["calibration_runs"])
 
+    # The first round after the server idled reads apart from the next: a warm-up, not a reference.
+    measure(None, 0.0)
     sizing, stretch = [measure(None, 0.0)], {}
     for phase, factor in plan["factors"].items():
         key = FIGURES[METRIC_OF_PHASE[phase]][0]
