@@ -68,7 +68,7 @@ def test_latency_gate(latency_spec: LatencySpec, card: Card, platform: Platform,
                                 latency_spec.noise_k)
     recorded = (_recorded_gates(card, platform, latency_spec, ran["rounds"], versions, card_baselines, pytestconfig)
                 if phase is None else {})
-    band = baselines.settings()["slowdown_self_test"]["achieved_band"]
+    band = baselines.settings()["latency_self_test"]["achieved_band"]
     message = "; ".join([f"against the alternating clean rounds: {latency_gate.describe(judged)}",
                          *(f"{m} against the baseline recorded for {platform.perf_device}: {g['message']}"
                            for m, g in recorded.items())])
@@ -92,7 +92,7 @@ def test_latency_gate(latency_spec: LatencySpec, card: Card, platform: Platform,
     achieved = judged["figures"][decided]["slowdown"]
     assert band[0] <= achieved <= band[1], (
         f"the injected {latency_spec.detect_slowdown:g}x {phase} slowdown achieved {achieved:.2f}x on {decided}, "
-        f"outside {band[0]:g}-{band[1]:g}x (data/perf.yaml slowdown_self_test): the self-test did not test the "
+        f"outside {band[0]:g}-{band[1]:g}x (data/perf.yaml latency_self_test): the self-test did not test the "
         f"slowdown it claims ({message})")
     assert not judged["figures"][decided]["passed"], (
         f"a {latency_spec.detect_slowdown:g}x slower {phase} path passed the {decided} gate: {message}")
