@@ -26,12 +26,11 @@ from typing import Any, Mapping, Sequence
 import httpx
 
 from npu_conformance import baselines, process, vllm_api
-from npu_conformance.baselines import settings
-from npu_conformance.platforms import Platform
-from npu_conformance.cards import Card
+from npu_conformance.cards import Card, LatencySpec
 from npu_conformance.perf.calibration import Calibration
 from npu_conformance.perf.gate import engine_mode
 from npu_conformance.perf.latency_gate import neighbour_ratios
+from npu_conformance.platforms import Platform
 
 LATENCY_MODULE = "npu_conformance.perf.latency"
 # The server's key, as vllm bench serve reads it; the delay switch sends the same.
@@ -42,8 +41,10 @@ RESULT = re.compile(re.escape(RESULT_LINE) + r" (\{.*\})$", re.MULTILINE)
 FIGURES = {"ttft": ("median_ttft_ms", "p99_ttft_ms"), "tpot": ("median_tpot_ms", "p99_tpot_ms")}
 # The figure a phase's slower path lengthens: prefill the first token, decode the tokens after it.
 METRIC_OF_PHASE = {"prefill": "ttft", "decode": "tpot"}
-# What the gate decides on (the medians), and what it judges alike and only reports (p99:
-# one or two requests of a round, see data in _defaults.yaml).
+# Corrections of the injected stretch by trial rounds (main says why).
+CORRECTIONS = 2
+# What the gate decides on (the medians), and what it judges alike and only reports:
+# a round's p99 is its one or two slowest requests of 64.
 GATED = {f"{metric}_p50": keys[0] for metric, keys in FIGURES.items()}
 REPORTED = {f"{metric}_p99": keys[1] for metric, keys in FIGURES.items()}
 
@@ -83,7 +84,7 @@ class Rate:
                              normalized=self.normalized, calibration_tok_s=self.calibration_tok_s)
 
 
-def latency_key(card: Card, platform: Platform, spec: Any, metric: str) -> baselines.Key:
+def latency_key(card: Card, platform: Platform, spec: LatencySpec, metric: str) -> baselines.Key:
     """The baseline key of a card's serving latency `metric` (ttft, tpot) at `spec`'s
     concurrency and lengths. `quant` is "server": the server's quantization path is
     not observed (an engine's is, perf.quant_key), only the card's."""
@@ -115,10 +116,10 @@ def stretch_for(factor: float, figure_ms: float, forward: Mapping[str, Any], pha
     return (factor - 1) * figure_ms / 1000 / (forward["forward_s"][phase] / steps)
 
 
-def make_plan(spec: Any, base_url: str, options: Mapping[str, Any], calibration: Path, phase: str | None,
+def make_plan(spec: LatencySpec, base_url: str, options: Mapping[str, Any], calibration: Path, phase: str | None,
               request_timeout_s: float) -> dict[str, Any]:
     """The rounds of one case on the server at `base_url` (started with `options`):
-    `spec` (a card's LatencySpec), clean rounds alternating with `phase`'s (None:
+    `spec`'s settings, clean rounds alternating with `phase`'s (None:
     the control, clean throughout), that phase sized to `spec.detect_slowdown`."""
     names = options.get("served_model_name")
     return {"base_url": base_url, "model": options["model"], "tokenizer": options.get("tokenizer", options["model"]),
@@ -189,13 +190,14 @@ def main(argv: list[str] | None = None) -> None:
     args = bench_args(plan)
     calibration = None
     if plan.get("calibration"):
-        spec = settings()["calibration"]
+        spec = baselines.settings()["calibration"]
         calibration = Calibration(Path(plan["calibration"]), vllm_api.current_platform().device_type,
                                   spec["batch_size"], spec["input_len"], spec["output_len"], spec["warmup_rounds"])
-    # Sized from a clean round's figure and forward time, then corrected once by the
-    # achieved slowdown of `sizing_rounds` trial rounds, each between clean ones (the
-    # gate's own estimate): a figure is more than its steps (the server's other work
-    # overlaps them, a sleep overshoots), so the first size read 1.2-1.8x for 1.25x.
+    # Sized from a clean round's figure and forward time, then corrected twice, each
+    # time by the achieved slowdown of `sizing_rounds` trial rounds between clean ones
+    # (the gate's own estimate): a figure is more than its steps (the server's other
+    # work overlaps them, a sleep overshoots), so the first size read 1.2-1.8x for
+    # 1.25x, and one correction from 3 noisy trials still left 1.26-1.50x.
     def measure(phase: str | None, stretch: float) -> dict[str, Any]:
         return _round(server, args, phase, stretch, calibration, plan["calibration_runs"])
 
@@ -204,13 +206,15 @@ def main(argv: list[str] | None = None) -> None:
     sizing, stretch = [measure(None, 0.0)], {}
     for phase, factor in plan["factors"].items():
         key = FIGURES[METRIC_OF_PHASE[phase]][0]
-        first = stretch_for(factor, sizing[0][key], sizing[0]["forward"], phase)
-        trial = [sizing[0]]
-        for _ in range(plan["sizing_rounds"]):
-            trial += [measure(phase, first), measure(None, 0.0)]
-        achieved = statistics.median(neighbour_ratios([r[key] for r in trial], range(1, len(trial), 2)))
-        stretch[phase] = first * min(max((factor - 1) / (achieved - 1), 0.5), 3.0) if achieved > 1 else first * 3.0
-        sizing += trial[1:]
+        stretch[phase] = stretch_for(factor, sizing[0][key], sizing[0]["forward"], phase)
+        for _ in range(CORRECTIONS):
+            trial = [sizing[-1]]
+            for _ in range(plan["sizing_rounds"]):
+                trial += [measure(phase, stretch[phase]), measure(None, 0.0)]
+            achieved = statistics.median(neighbour_ratios([r[key] for r in trial], range(1, len(trial), 2)))
+            scale = (factor - 1) / (achieved - 1) if achieved > 1 else 3.0
+            stretch[phase] *= min(max(scale, 0.5), 3.0)
+            sizing += trial[1:]
     rounds = [measure(phase, stretch[phase] if phase else 0.0) for phase in plan["sequence"]]
     print(f"{RESULT_LINE} {json.dumps({'sizing': sizing, 'stretch': stretch, 'rounds': rounds})}", flush=True)
 
