@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -103,3 +104,13 @@ def test_a_latency_entry_is_keyed_by_its_metric_and_an_output_entry_is_written_a
     assert baselines.find(loaded, baselines.Key(**key, metric="tpot"), {}) is not None
     text = (tmp_path / "card.json").read_text()
     assert text.count('"metric"') == 1, "an output tok/s entry's key gained a field its older files lack"
+
+
+def test_the_timeout_counts_every_round_the_driver_runs() -> None:
+    class Spec:
+        concurrency, prompts, input_len, output_len = 16, 64, 64, 32
+        calibration_runs, sizing_rounds, case_rounds, detect_slowdown = 5, 3, 10, 1.25
+
+    plan = latency.make_plan(Spec(), "http://127.0.0.1:1", {"model": "m"}, Path("c"), "decode", 60.0)
+    assert latency.planned_rounds(plan) == 2 + latency.CORRECTIONS * 6 + 21
+    assert latency.planned_rounds({**plan, "factors": {}}) == 2 + 21

@@ -62,8 +62,8 @@ def test_latency_gate(latency_spec: LatencySpec, card: Card, platform: Platform,
     process, options = latency_served
     timeout = float(pytestconfig.getoption("request_timeout"))
     plan = latency.make_plan(latency_spec, process.base_url, options, calibration_checkpoint, phase, timeout)
-    rounds = len(plan["sequence"]) + 2 + 2 * plan["sizing_rounds"] * latency.CORRECTIONS
-    ran = latency.run_latency(plan, {**process.env, latency.API_KEY_ENV: process.api_key or ""}, timeout * rounds)
+    ran = latency.run_latency(plan, {**process.env, latency.API_KEY_ENV: process.api_key or ""},
+                              timeout * latency.planned_rounds(plan))
     judged = latency_gate.judge(ran["rounds"], latency.GATED, latency.REPORTED, latency_spec.slack,
                                 latency_spec.noise_k)
     recorded = (_recorded_gates(card, platform, latency_spec, ran["rounds"], versions, card_baselines, pytestconfig)

@@ -132,6 +132,12 @@ def make_plan(spec: LatencySpec, base_url: str, options: Mapping[str, Any], cali
             "sequence": [None, phase] * spec.case_rounds + [None]}
 
 
+def planned_rounds(plan: Mapping[str, Any]) -> int:
+    """How many rounds main runs for `plan`: a warm-up and a clean round, the trial
+    rounds of each correction of each slowed phase (one clean after each), the sequence."""
+    return 2 + len(plan["factors"]) * CORRECTIONS * 2 * plan["sizing_rounds"] + len(plan["sequence"])
+
+
 def latency_command(plan_path: Path) -> list[str]:
     return [sys.executable, "-m", LATENCY_MODULE, str(plan_path)]
 
