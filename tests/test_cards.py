@@ -111,6 +111,17 @@ def test_platform_overrides_merge_over_common_engine_args(tmp_path):
         ({"weights": {"hf": "org/m"}, "fault": {"path": "decode", "scale": 0.1},
           "expect": {"verdict": "fail", "caught_by": ["cosine"]}}, "expect.verdict", "this card's weights are hf"),
         ({"platforms": {"cpu": {"perf_exempt": "measured elsewhere"}}}, "platforms.cpu", "set perf: null with it"),
+        ({"accuracy": {"alpha": 0.5, "power": 0.4}}, "accuracy.power", "at most alpha"),
+        ({"accuracy": {"alpha": 0}}, "accuracy.alpha", "must be > 0"),
+        ({"accuracy": {"tasks": "gsm8k"}}, "accuracy.tasks", "unknown field"),
+        ({"accuracy": {"reference": "gpu"}}, "accuracy.reference", "'cpu' or 'baseline'"),
+        # A score is a fraction, as lm-eval reports it, not a percentage.
+        ({"accuracy": {"baselines": {"npu": {"value": 81, "n": 1319, "source": "x"}}}}, "accuracy.baselines.npu.value",
+         "must be <= 1.0, got 81"),
+        ({"accuracy": {"baselines": {"npu": {"value": 0.81, "n": 1319}}}}, "accuracy.baselines.npu.source",
+         "is required"),
+        ({"expect": {"verdict": "fail", "caught_by": ["cosine"], "accuracy": "failed"}}, "expect.accuracy",
+         "'pass' or 'fail'"),
     ],
 )
 def test_bad_card_names_file_and_field(tmp_path, change, field, words):

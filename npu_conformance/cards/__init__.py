@@ -9,10 +9,11 @@ dotted path of the field, so a typo never silently falls back to a default.
 
 The modules, lowest first: errors (CardError, pydantic's errors as messages),
 files (reading user files), schema (the base models and types), engine_args,
-prompts, serve, sections, thresholds (the YAML spec and the resolved rules),
+prompts, serve, accuracy, sections, thresholds (the YAML spec and the resolved rules),
 card (Card) and catalog (loading). Importers use the names re-exported here.
 """
 
+from npu_conformance.cards.accuracy import AccuracyBaseline, AccuracySpec
 from npu_conformance.cards.card import Card
 from npu_conformance.cards.catalog import (CATALOG_DIR, DEFAULTS_NAME, adhoc_card, load_card, load_catalog,
                                            load_defaults, parse_card)
@@ -32,7 +33,7 @@ from npu_conformance.cards.thresholds import NoiseSpec, Thresholds, ThresholdSpe
 __all__ = [
     "ARG_NAME", "CATALOG_DIR", "DEFAULTS_NAME", "MENTION_FIELDS", "PLATFORMS", "PROMPTS_DIR", "PROMPT_SET_NAME",
     "SUITE_ENV", "SUITE_FLAGS", "VARIANT_MARK", "WEIGHT_KINDS",
-    "BadRequest", "Card", "CardError", "ConditionName", "ConditionSpec", "DevicePart", "DiagnosisSpec", "Dtype",
+    "AccuracyBaseline", "AccuracySpec", "BadRequest", "Card", "CardError", "ConditionName", "ConditionSpec", "DevicePart", "DiagnosisSpec", "Dtype",
     "EngineOptions", "EnvVars", "Expectation", "FaultSpec", "LatencySpec", "NoiseSpec", "PerfSpec", "PlatformName",
     "PlatformSettings", "PositiveInt", "PositiveNumber", "Prompt", "PromptList", "ServeSpec", "ServerFlags",
     "ThresholdSpec", "Thresholds", "WeightKind", "WeightSource",

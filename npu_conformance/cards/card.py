@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import AliasPath, Field, StrictBool, StrictStr, ValidationInfo, field_validator, model_validator
 
 from npu_conformance import device_pool
+from npu_conformance.cards.accuracy import AccuracySpec
 from npu_conformance.cards.engine_args import EngineOptions
 from npu_conformance.cards.errors import Problem, kind_of, unknown_field
 from npu_conformance.cards.prompts import PromptList, prompt_set
@@ -34,6 +35,7 @@ class Card(Section):
     reference_weights: WeightSource | None = Field(None, validation_alias=AliasPath("reference", "weights"))
     engine: EngineOptions = Field(default_factory=dict)
     serve: ServeSpec
+    accuracy: AccuracySpec
     # A prompt set's name (a file in npu_conformance/prompts/) or an inline list.
     prompts: PromptList
     max_tokens: PositiveInt
@@ -188,6 +190,12 @@ class Card(Section):
     def gates_latency(self) -> bool:
         """Whether some platform measures this card's serving latency (its `latency.run`)."""
         return any(p.latency is not None and p.latency.run for p in self.platforms.values())
+
+    @property
+    def gates_accuracy(self) -> bool:
+        """Whether the accuracy tests run this card: a passing card whose `accuracy.run`
+        is on, or a known-buggy one that names the accuracy verdict it must give."""
+        return self.accuracy.run and (self.expect.verdict == "pass" or self.expect.accuracy is not None)
 
     def engine_args(self, platform: str) -> dict[str, Any]:
         """vLLM engine arguments on `platform`: the common ones, then its overrides,

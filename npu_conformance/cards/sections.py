@@ -169,7 +169,8 @@ class Expectation(Section):
     in `caught_by` to fail on every prompt its fault reaches (`reaches`, default
     all), every check to pass on the prompts it does not reach, the checks in
     `passes` to pass on every prompt (they do not reach the faulty path), and each
-    condition in `conditions` to give its verdict."""
+    condition in `conditions` to give its verdict. `accuracy`: the verdict the task
+    gate must give (a buggy card without it is not scored on its task)."""
 
     verdict: Literal["pass", "fail"]
     caught_by: tuple[StrictStr, ...] = ()
@@ -178,6 +179,7 @@ class Expectation(Section):
     # Conditions without engine arguments only: they run on the card's own engine.
     conditions: dict[ConditionName, Literal["pass", "fail"]] = Field(default_factory=dict)
     diagnosis: DiagnosisSpec | None = None
+    accuracy: Literal["pass", "fail"] | None = None
 
     @model_validator(mode="after")
     def _fail_names_its_checks(self) -> Expectation:
