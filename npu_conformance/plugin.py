@@ -195,8 +195,8 @@ class ConformanceSession:
             cards = [c for c in pool.values() if c.expect.verdict == "fail"]
         else:
             cards = [c for c in self.selected.values() if c.expect.verdict == "pass"]
-        if definition.get_closest_marker("serving"):
-            cards = [c for c in cards if c.serve.run]
+        serving, scored = (definition.get_closest_marker(m) for m in ("serving", "accuracy"))
+        cards = [c for c in cards if (c.serve.run or not serving) and (c.gates_accuracy or not scored)]
         return cards
 
     def finish(self) -> None:

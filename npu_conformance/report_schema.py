@@ -7,7 +7,7 @@ Every file carries `schema_version`. A file without it was written before the
 schema was typed (version 1, the same shape) and still reads; a newer version
 fails with a message naming it, never with a renderer's KeyError.
 
-Records that judge (verdicts, checks, the serving section) forbid unknown keys,
+Records that judge (verdicts, checks, the serving and accuracy sections) forbid unknown keys,
 so a misspelt field fails the run that writes it. A prompt's figures and a perf
 case's figures stay open: their names are those of the code that measures them
 (compare.metrics.figures_of, perf.measure.Measurement.figures, the self-tests)."""
@@ -90,6 +90,22 @@ class ServingRecord(_Record):
     skipped: list[str] = Field(default_factory=list)
 
 
+class AccuracyRecord(_Record):
+    """The card's task accuracy (npu_conformance.accuracy): both sides' scores,
+    the gate's statistics and its verdict, or the error that stopped it."""
+
+    task: str
+    task_source: str
+    metric: str
+    expected: Literal["pass", "fail"]
+    target: dict[str, Any] | None = None  # harness.TaskResult.record(), with the server it ran against
+    reference: dict[str, Any] | None = None  # the same, or the recorded baseline, with its source
+    gate: dict[str, Any] | None = None  # accuracy.gate.judge()
+    disagreement: dict[str, int] | None = None  # items scored differently by the two sides
+    verdict: Literal["pass", "fail", "error"]
+    message: str
+
+
 class ModelRecord(_Record):
     """One card's entry in precision_report.json."""
 
@@ -117,6 +133,7 @@ class ModelRecord(_Record):
     load_time_s: Number | None = None
     checkpoint: str | None = None
     serving: ServingRecord | None = None
+    accuracy: AccuracyRecord | None = None
 
 
 class PerfModelRecord(_Record):

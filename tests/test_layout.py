@@ -27,7 +27,7 @@ LAYERS = [
     ["synthetic", "quantize", "weights"],
     ["engines", "golden"],
     ["compare"],
-    ["perf", "bench", "baselines", "serving", "report", "report_schema", "conditions"],
+    ["perf", "bench", "baselines", "serving", "report", "report_schema", "conditions", "accuracy"],
     ["reports", "plugin", "cli", "changes"],
     ["fixtures"],
 ]
