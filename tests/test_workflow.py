@@ -123,7 +123,7 @@ def pytest_options(tmp_path: Path) -> tuple[set[str], set[str]]:
     return known, set(re.findall(r"^ {2}(--[\w-]+)", group, re.M))
 
 
-def test_the_npu_job_runs_precision_then_perf_of_the_changed_cards(tmp_path: Path) -> None:
+def test_the_npu_job_runs_precision_accuracy_then_perf_of_the_changed_cards(tmp_path: Path) -> None:
     data = workflow()
     npu = data["jobs"]["npu"]
     # One job per runner the plan job found in the changed cards' npu entries.
@@ -134,7 +134,8 @@ def test_the_npu_job_runs_precision_then_perf_of_the_changed_cards(tmp_path: Pat
     assert npu["env"]["BASE_REF"] == "${{ github.base_ref }}"
     known, ours = pytest_options(tmp_path)
     runs = pytest_commands(npu)
-    assert [argv[argv.index("-m") + 1] for argv in runs] == ["precision", "sensitivity", "perf"]
+    # Precision and task accuracy in one run: one precision_report.json holds both verdicts.
+    assert [argv[argv.index("-m") + 1] for argv in runs] == ["precision or accuracy", "sensitivity", "perf"]
     for argv in runs:
         options = {a.split("=", 1)[0]: a.partition("=")[2] for a in argv if a.startswith("--")}
         assert set(options) <= known, f"options pytest does not define: {set(options) - known}"

@@ -1,5 +1,6 @@
 """The precision parts of a report's view model: the checks over the prompts, what
-the engine ran, the per-prompt comparison, and where a failing prompt diverges."""
+the engine ran, the per-prompt comparison, where a failing prompt diverges, and
+the task accuracy scored through lm-evaluation-harness."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from npu_conformance.compare.diagnosis import Diagnosis
-from npu_conformance.report_schema import Check, ModelRecord
+from npu_conformance.report_schema import AccuracyRecord, Check, ModelRecord
 from npu_conformance.reports.formatting import figure_value, num, pct
 from npu_conformance.reports.run import Decoder, Model
 
@@ -115,3 +116,27 @@ def precision(m: Model, e: ModelRecord, decoder: Decoder, files: dict[str, Path]
             for p in m.prompts.values() if p.top5_first_position],
         "pictures": {kind: str(files[kind]) for kind in ("logprob_error", "top1")},
     }
+
+
+def accuracy(rec: AccuracyRecord | None, verdict: Callable[[str], str]) -> dict[str, Any] | None:
+    """The task gate's rows (label key, value): both scores with their statistics,
+    the rule and threshold, the drop it catches, and where the two sides differ."""
+    if rec is None:
+        return None
+
+    def score(side: dict[str, Any] | None) -> str | None:
+        if not side:
+            return None
+        stderr = f" ± {side['stderr']:.4f}" if side.get("stderr") is not None else ""
+        return (f"{side['value']:.4f}{stderr} over {side['n']} items; "
+                + (side.get("model") or side.get("source", "")) + (f", {side['seconds']} s" if "seconds" in side else ""))
+
+    g, d = rec.gate, rec.disagreement
+    rows = {"task": rec.task_source, "metric": rec.metric, "target": score(rec.target),
+            "reference": score(rec.reference), "rule": g and g["rule"], "threshold": g and f"{g['threshold']:.4f}",
+            "difference": g and f"{g['difference'] * 100:+.2f}",
+            "theta": g and f"{g['theta'] * 100:.2f} (power {g['power']:g})",
+            "disagreement": d and f"{d['target_only']} / {d['reference_only']} of {d['items']}",
+            "expected": verdict(rec.expected)}
+    return {"verdict": verdict(rec.verdict), "message": rec.message,
+            "rows": [[key, value] for key, value in rows.items() if value is not None]}

@@ -72,9 +72,10 @@ def build(m: Model, decoder: Decoder, files: dict[str, Path], t: dict[str, Any])
             "verdict": verdict(serving.verdict or "not run"),
             "stage_rows": [[name, s.get("load_format"), num(s.get("boot_time_s"), ".1f"),
                             ", ".join(f"{k} {plain(v)}" for k, v in s.get("engine_reported", {}).items()),
-                            verdict(s["verdict"])] for name, s in serving.stages.items()],
+                            verdict(s.get("verdict", "ran"))] for name, s in serving.stages.items()],
             "checks": [{"name": name, "verdict": verdict(c["verdict"])}
                        for name, c in serving.checks.items()]} if serving else None,
+        "accuracy": precision_view.accuracy(e and e.accuracy, verdict),
         "errors": e.errors if e else [],
         "files": [{"path": str(path), "kind": kind if kind in ("precision", "perf", "inference") else "picture"}
                   for kind, path in files.items()],
@@ -115,7 +116,7 @@ def _verification(m: Model, verdict: Callable[[str], str]) -> list[dict[str, Any
 
     def stage(item: str, evidence: str) -> dict[str, Any] | None:
         s = stages.get(item)
-        return None if s is None else row(item, s["verdict"], evidence, boot_time_s=num(s.get("boot_time_s"), ".1f"))
+        return None if s is None else row(item, s.get("verdict", "ran"), evidence, boot_time_s=num(s.get("boot_time_s"), ".1f"))
 
     def none(item: str) -> dict[str, Any]:
         return row(item, "not verified", "no_data")
