@@ -381,7 +381,7 @@ def test_hung_boot_is_ended_and_leaves_no_engine_process(platform: Platform, pyt
         for proc in frozen:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
-    assert frozen, "the engine started no process to freeze"
+    assert frozen, f"the engine started no process to freeze; its boot ended: {err.value}"
     message = str(err.value)
     assert f"did not finish within {HUNG_BOOT_DEADLINE_S:.0f} s; killed its processes [" in message, message
     killed = message.split("killed its processes")[1]

@@ -23,6 +23,10 @@ from npu_conformance.accuracy.tasks import Task
 DIST = "lm_eval"
 # The environment variable lm-eval's OpenAI-style clients read the server's key from.
 API_KEY_ENV = "OPENAI_API_KEY"
+# Attempts per request: a keep-alive connection the server closes as the client
+# reuses it reads as "Server disconnected" (seen once in 1764 requests), and one
+# request that fails ends lm-eval's whole run.
+RETRIES = 3
 # Items the transformers model scores per forward pass on the CPU.
 HF_BATCH = 16
 # A local task's dataset cache, under the run's folder while it runs and removed after.
@@ -65,7 +69,7 @@ def server_model(base_url: str, served_name: str, tokenizer: Path, api_key: str 
     text (the server tokenizes as its clients' requests are tokenized)."""
     args = {"base_url": f"{base_url}/v1/completions", "model": served_name, "tokenizer_backend": "huggingface",
             "tokenizer": str(tokenizer), "tokenized_requests": False, "num_concurrent": concurrency,
-            "max_retries": 1, "timeout": int(timeout_s)}
+            "max_retries": RETRIES, "timeout": int(timeout_s)}
     return Model("local-completions", args, f"lm-eval local-completions on {base_url}/v1/completions "
                                             f"({concurrency} requests in flight)", env={API_KEY_ENV: api_key or ""})
 
