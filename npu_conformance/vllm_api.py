@@ -99,6 +99,16 @@ def tokens_prompt(prompt_token_ids: list[int]) -> Any:
     return get("TokensPrompt")(prompt_token_ids=prompt_token_ids)
 
 
+def forget_environment() -> None:
+    """Drop vLLM's cache of its environment variables: `vllm.envs` caches them once
+    an in-process engine core starts, until cleanup_dist_env_and_memory, so an
+    engine booted while another lives in this process would read the first one's
+    environment (its VLLM_CPU_OMP_THREADS_BIND, say) instead of its own."""
+    reset = getattr(importlib.import_module("vllm.envs"), "disable_envs_cache", None)
+    if reset is not None:  # a vLLM without the cache has nothing to drop
+        reset()
+
+
 def cleanup_distributed() -> None:
     """vLLM's own release of its distributed state and device memory after an engine."""
     get("cleanup_dist_env_and_memory")()

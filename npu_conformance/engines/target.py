@@ -220,6 +220,7 @@ class VllmRunner:
 
     def __enter__(self) -> "VllmRunner":
         self._stack.enter_context(process.env_overrides(self.env))
+        vllm_api.forget_environment()
         vllm_logger = logging.getLogger("vllm")
         vllm_logger.addHandler(self._log)
         self._stack.callback(vllm_logger.removeHandler, self._log)
