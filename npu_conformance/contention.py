@@ -9,6 +9,10 @@ with the host to itself, and about 1 with a CPU-bound neighbour on one of two
 cores (measured: see data/perf.yaml). Normalizing by a calibration run does not
 cancel such a neighbour (a round whose threads meet at barriers slows far more
 than the calibration does), so the gate leaves those rounds out instead.
+
+Where the measured trees fill the cores themselves (a server and its client),
+they wait for each other as much as for a neighbour; there the sign is the
+neighbour's own CPU time: the host's busy time less the trees' (`Others`).
 """
 
 from __future__ import annotations
@@ -39,7 +43,14 @@ class Contention:
             return None
         return self._run_delay_ns() / 1e9 + steal_s()
 
+    def ran_s(self) -> float | None:
+        """CPU seconds the tree's live threads have run so far."""
+        return self._schedstat_ns(0) / 1e9 if self.available else None
+
     def _run_delay_ns(self) -> int:
+        return self._schedstat_ns(1)
+
+    def _schedstat_ns(self, field: int) -> int:
         try:
             root = psutil.Process(self.root)
             session = os.getsid(self.root)
@@ -53,10 +64,34 @@ class Contention:
                     continue
                 tasks = PROC / str(proc.pid) / "task"
                 for tid in os.listdir(tasks):
-                    total += int((tasks / tid / "schedstat").read_text().split()[1])
+                    total += int((tasks / tid / "schedstat").read_text().split()[field])
             except (OSError, IndexError, ValueError):
                 continue  # a thread or process that ended meanwhile
         return total
+
+
+class Others:
+    """CPU seconds the host ran for anything but the `trees` so far: its busy
+    time (/proc/stat, all CPUs, steal included) less what their threads ran.
+    None where a tree's schedstat or /proc/stat is missing."""
+
+    def __init__(self, trees: list[Contention]) -> None:
+        self.trees = trees
+
+    def ran_s(self) -> float | None:
+        ran = [tree.ran_s() for tree in self.trees]
+        busy = host_busy_s()
+        return None if busy is None or None in ran else busy - sum(r for r in ran if r is not None)
+
+
+def host_busy_s() -> float | None:
+    """CPU seconds the host's CPUs were busy so far, all CPUs (user, nice, system,
+    irq, softirq, steal: not idle or iowait)."""
+    try:
+        fields = [int(f) for f in (PROC / "stat").read_text().split("\n", 1)[0].split()[1:9]]
+        return (sum(fields[0:3]) + sum(fields[5:8])) / CLOCK_TICKS
+    except (OSError, ValueError):
+        return None
 
 
 def steal_s() -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -51,3 +52,39 @@ def test_contention_counts_the_waits_of_this_process_tree_only() -> None:
             starter.wait()
         assert share is not None and expected[0] <= share <= expected[1], (session, share)
     assert contention.share(None, 1.0, 1.0) is None and contention.share(2.0, 1.0, 1.0) == 0.0
+
+
+@pytest.mark.skipif(not contention.Contention().available, reason="this kernel keeps no per-thread schedstat")
+def test_others_counts_the_cpu_the_host_ran_outside_the_trees() -> None:
+    """A spinning child in the starter's session runs in the tree; the same child
+    in a session of its own runs for someone else, and `Others` holds its CPU
+    time (other work on the host, say a parallel test worker, only adds to it)."""
+    for session in ("same", "own"):
+        starter = subprocess.Popen([sys.executable, "-c", STARTER, session], stdout=subprocess.PIPE, text=True)
+        assert starter.stdout is not None
+        spinners = [psutil.Process(int(pid)) for pid in starter.stdout.readline().split()]
+        try:
+            spinners[1].kill()
+            spinner, tree = spinners[0], contention.Contention(starter.pid)
+            others = contention.Others([tree])
+
+            def read() -> tuple[float, float, float]:
+                ran, other = tree.ran_s(), others.ran_s()
+                assert ran is not None and other is not None
+                return ran, other, sum(spinner.cpu_times()[:2])
+
+            time.sleep(0.2)
+            before = read()
+            time.sleep(0.6)
+            ran, other, spun = (a - b for a, b in zip(read(), before))
+        finally:
+            for proc in [*spinners, psutil.Process(starter.pid)]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.kill()
+            starter.wait()
+        assert spun > 0.1, f"the spinner ran {spun:.2f} s of 0.6: nothing to count"
+        # /proc/stat counts in clock ticks: 0.05 s of slack.
+        if session == "same":
+            assert ran >= spun - 0.05, (ran, spun)
+        else:
+            assert ran < 0.05 and other >= spun - 0.05, (ran, other, spun)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from npu_conformance import perf
 from npu_conformance.engines.delays import PhaseDelay, step_phase
 from npu_conformance.perf import latency, latency_gate
 
@@ -52,6 +53,44 @@ def test_a_load_that_comes_and_goes_falls_on_both_sides() -> None:
     case = [12.5 * math.sqrt(a * b) / 10 for a, b in zip(clean, clean[1:])]
     assert latency_gate.judge(_rounds(clean, case), GATED, {}, 0.12, 2.5)["figures"]["tpot_p50"]["slowdown"] == \
         pytest.approx(1.25)
+
+
+def _waited(rounds: list[dict], shares: dict[int, float]) -> list[dict]:
+    return [{**r, "neighbour_share": shares.get(i, 0.02)} for i, r in enumerate(rounds)]
+
+
+LIMIT = latency_gate.NeighbourLimit(max_neighbour_share=0.25, min_clean_share=0.25)
+
+
+def test_rounds_a_neighbour_ran_beside_are_left_out_and_their_neighbours_read_the_next_kept_ones() -> None:
+    # A 1.25x slowdown; a load falls hard (5x) on clean round 4 and case round 7: read
+    # whole, the noise they add passes the slowdown; left out, it fails.
+    clean = [10, 10.2, 50, 10.1, 9.9, 10, 10.2, 9.8, 10, 10.1, 10]
+    case = [12.5, 12.4, 12.6, 60, 12.5, 12.4, 12.6, 12.5, 12.5, 12.4]
+    rounds = _rounds(clean, case)
+    shares = {4: 1.1, 7: 0.9}
+    whole = latency_gate.judge(_waited(rounds, shares), GATED, {}, 0.12, 2.5)
+    assert whole["verdict"] == "pass" and not whole["left_out"]
+    judged = latency_gate.judge(_waited(rounds, shares), GATED, {}, 0.12, 2.5, LIMIT)
+    figure = judged["figures"]["tpot_p50"]
+    assert judged["verdict"] == "fail" and judged["left_out"] == {4: 1.1, 7: 0.9}
+    assert figure["slowdown"] == pytest.approx(1.25, rel=0.02) and figure["case_rounds"] == 9
+    assert latency_gate.neighbours(3, latency_gate.kept_rounds(_waited(rounds, shares), LIMIT)) == (2, 6)
+    assert "2 rounds left out, the host running others beside them (1.10, 0.90 CPU s per s)" in \
+        latency_gate.describe(judged)
+
+
+def test_a_host_too_busy_for_enough_case_rounds_gives_no_figure() -> None:
+    rounds = _rounds([10] * 5, [12.5] * 4)
+    # A neighbour beside all but the first three rounds: only case round 1 keeps a
+    # clean round on each side, and half must.
+    waited = _waited(rounds, {i: 1.0 for i in range(3, 9)})
+    limit = latency_gate.NeighbourLimit(max_neighbour_share=0.25, min_clean_share=0.5)
+    assert latency_gate.usable_case_rounds(waited, limit) == 1
+    with pytest.raises(perf.HostBusy, match="1 of 4 case rounds"):
+        latency_gate.judge(waited, GATED, {}, 0.12, 2.5, limit)
+    # Unmeasured shares (no schedstat) leave nothing out.
+    assert latency_gate.usable_case_rounds(rounds, limit) == 4
 
 
 @pytest.mark.parametrize("sequence", [[None, "decode"], ["decode", None, "decode"], [None, "decode", "decode"]])
@@ -112,5 +151,8 @@ def test_the_timeout_counts_every_round_the_driver_runs() -> None:
         calibration_runs, sizing_rounds, case_rounds, detect_slowdown = 5, 3, 10, 1.25
 
     plan = latency.make_plan(Spec(), "http://127.0.0.1:1", {"model": "m"}, Path("c"), "decode", 60.0)
-    assert latency.planned_rounds(plan) == 2 + latency.CORRECTIONS * 6 + 21
-    assert latency.planned_rounds({**plan, "factors": {}}) == 2 + 21
+    extra = 2 * plan["extra_case_rounds"]
+    assert extra > 0
+    retries = latency.REFERENCE_RETRIES
+    assert latency.planned_rounds(plan) == 2 + retries + latency.CORRECTIONS * 6 + 21 + extra
+    assert latency.planned_rounds({**plan, "factors": {}}) == 2 + retries + 21 + extra

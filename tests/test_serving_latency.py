@@ -9,6 +9,9 @@ card's real server, from `vllm bench serve` rounds in a process of their own
 - A 1.25x slower decode path must fail TPOT, and a 1.25x slower prefill path must
   fail TTFT and pass TPOT, against the clean rounds they alternate with
   (perf.latency_gate).
+Rounds beside which the host ran something else are left out of both (a busy
+host: too few left gives no verdict, as the throughput gate's does). With
+--perf-load they run under its switching load, as the throughput cases do.
 Each case goes to perf_report.json and report.md section 7.5."""
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from npu_conformance.cards import Card, LatencySpec
 from npu_conformance.perf import latency, latency_gate
 from npu_conformance.platforms import Platform
 from npu_conformance.plugin import ConformanceSession
+
+# Under --perf-load's switching load where it is given, as the throughput cases.
+pytestmark = pytest.mark.usefixtures("host_load")
 
 
 def _record_hint(card: Card) -> str:
@@ -61,12 +67,18 @@ def test_latency_gate(latency_spec: LatencySpec, card: Card, platform: Platform,
     phase = None if kind == "control" else kind
     process, options = latency_served
     timeout = float(pytestconfig.getoption("request_timeout"))
-    plan = latency.make_plan(latency_spec, process.base_url, options, calibration_checkpoint, phase, timeout)
+    plan = latency.make_plan(latency_spec, process.base_url, options, calibration_checkpoint, phase, timeout,
+                               process.pid)
     ran = latency.run_latency(plan, {**process.env, latency.API_KEY_ENV: process.api_key or ""},
                               timeout * latency.planned_rounds(plan))
-    judged = latency_gate.judge(ran["rounds"], latency.GATED, latency.REPORTED, latency_spec.slack,
-                                latency_spec.noise_k)
-    recorded = (_recorded_gates(card, platform, latency_spec, ran["rounds"], versions, card_baselines, pytestconfig)
+    limit = latency_gate.NeighbourLimit(**plan["neighbours"])
+    try:
+        judged = latency_gate.judge(ran["rounds"], latency.GATED, latency.REPORTED, latency_spec.slack,
+                                    latency_spec.noise_k, limit)
+    except perf.HostBusy as busy:
+        conformance.unavailable(card, f"{card.name} serving latency ({kind}): {busy}")
+    kept = [r for r, k in zip(ran["rounds"], latency_gate.kept_rounds(ran["rounds"], limit)) if k]
+    recorded = (_recorded_gates(card, platform, latency_spec, kept, versions, card_baselines, pytestconfig)
                 if phase is None else {})
     band = baselines.settings()["latency_self_test"]["achieved_band"]
     message = "; ".join([f"against the alternating clean rounds: {latency_gate.describe(judged)}",

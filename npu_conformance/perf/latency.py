@@ -19,17 +19,18 @@ import re
 import statistics
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import httpx
 
-from npu_conformance import baselines, process, vllm_api
+from npu_conformance import baselines, contention, process, vllm_api
 from npu_conformance.cards import Card, LatencySpec
 from npu_conformance.perf.calibration import Calibration
 from npu_conformance.perf.gate import engine_mode
-from npu_conformance.perf.latency_gate import neighbour_ratios
+from npu_conformance.perf.latency_gate import NeighbourLimit, kept_rounds, neighbour_ratios, usable_case_rounds
 from npu_conformance.platforms import Platform
 
 LATENCY_MODULE = "npu_conformance.perf.latency"
@@ -43,6 +44,8 @@ FIGURES = {"ttft": ("median_ttft_ms", "p99_ttft_ms"), "tpot": ("median_tpot_ms",
 METRIC_OF_PHASE = {"prefill": "ttft", "decode": "tpot"}
 # Corrections of the injected stretch by trial rounds (main says why).
 CORRECTIONS = 2
+# Clean rounds more, at most, while a neighbour ran beside the sizing's reference round.
+REFERENCE_RETRIES = 3
 # What the gate decides on (the medians), and what it judges alike and only reports:
 # a round's p99 is its one or two slowest requests of 64.
 GATED = {f"{metric}_p50": keys[0] for metric, keys in FIGURES.items()}
@@ -117,25 +120,36 @@ def stretch_for(factor: float, figure_ms: float, forward: Mapping[str, Any], pha
 
 
 def make_plan(spec: LatencySpec, base_url: str, options: Mapping[str, Any], calibration: Path, phase: str | None,
-              request_timeout_s: float) -> dict[str, Any]:
-    """The rounds of one case on the server at `base_url` (started with `options`):
+              request_timeout_s: float, server_pid: int | None = None) -> dict[str, Any]:
+    """The rounds of one case on the server at `base_url` (started with `options`,
+    its process tree under `server_pid`: what else the host ran, each round reads):
     `spec`'s settings, clean rounds alternating with `phase`'s (None:
     the control, clean throughout), that phase sized to `spec.detect_slowdown`."""
     names = options.get("served_model_name")
-    return {"base_url": base_url, "model": options["model"], "tokenizer": options.get("tokenizer", options["model"]),
+    return {"base_url": base_url, "server_pid": server_pid, "model": options["model"], "tokenizer": options.get("tokenizer", options["model"]),
             "served_model_name": names if isinstance(names, str) else (names[0] if names else None),
             "trust_remote_code": options.get("trust_remote_code", False),
             "concurrency": spec.concurrency, "prompts": spec.prompts, "input_len": spec.input_len,
             "output_len": spec.output_len, "seed": 0, "request_timeout_s": request_timeout_s,
             "calibration": str(calibration), "calibration_runs": spec.calibration_runs,
             "sizing_rounds": spec.sizing_rounds, "factors": {phase: spec.detect_slowdown} if phase else {},
-            "sequence": [None, phase] * spec.case_rounds + [None]}
+            "sequence": [None, phase] * spec.case_rounds + [None], "case_rounds": spec.case_rounds,
+            **_round_settings()}
+
+
+def _round_settings() -> dict[str, Any]:
+    """data/perf.yaml's latency_rounds: the neighbour limit and how many case rounds may be added."""
+    settings = dict(baselines.settings()["latency_rounds"])
+    return {"extra_case_rounds": settings.pop("extra_case_rounds"), "neighbours": settings}
 
 
 def planned_rounds(plan: Mapping[str, Any]) -> int:
-    """How many rounds main runs for `plan`: a warm-up and a clean round, the trial
-    rounds of each correction of each slowed phase (one clean after each), the sequence."""
-    return 2 + len(plan["factors"]) * CORRECTIONS * 2 * plan["sizing_rounds"] + len(plan["sequence"])
+    """How many rounds main runs for `plan` at most: a warm-up and a clean round (and
+    its retries), the trial rounds of each correction of each slowed phase (one
+    clean after each), the sequence, and the case and clean rounds added for those
+    a busy host left out."""
+    return (2 + REFERENCE_RETRIES + len(plan["factors"]) * CORRECTIONS * 2 * plan["sizing_rounds"]
+            + len(plan["sequence"]) + 2 * plan["extra_case_rounds"])
 
 
 def latency_command(plan_path: Path) -> list[str]:
@@ -175,8 +189,15 @@ class _Server:
         return reply.json()["results"][0]
 
 
+def _others(server_pid: int | None) -> contention.Others:
+    """What the host ran besides the server's process tree and this one (the client and the calibration)."""
+    return contention.Others([contention.Contention(),
+                              *([contention.Contention(server_pid)] if server_pid else [])])
+
+
 def _round(server: _Server, args: list[str], phase: str | None, stretch: float,
-           calibration: Calibration | None, calibration_runs: int) -> dict[str, Any]:
+           calibration: Calibration | None, calibration_runs: int, others: contention.Others) -> dict[str, Any]:
+    started, others_before = time.monotonic(), others.ran_s()
     server.delay(phase, stretch)
     result = vllm_api.run_serve_benchmark(args)
     ran = server.delay(None, 0.0)
@@ -187,12 +208,14 @@ def _round(server: _Server, args: list[str], phase: str | None, stretch: float,
     cal = (calibration.tokens / statistics.median(calibration.run() for _ in range(calibration_runs))
            if calibration else None)
     return {"phase": phase, "stretch": stretch, **figures, "output_tok_s": float(result["output_throughput"]),
-            "completed": result["completed"], "forward": ran, "calibration_tok_s": cal}
+            "completed": result["completed"], "forward": ran, "calibration_tok_s": cal,
+            "neighbour_share": contention.share(others_before, others.ran_s(), time.monotonic() - started)}
 
 
 def main(argv: list[str] | None = None) -> None:
     plan = json.loads(Path((sys.argv[1:] if argv is None else argv)[0]).read_text(encoding="utf-8"))
     server = _Server(plan["base_url"], os.environ.get(API_KEY_ENV), plan["request_timeout_s"])
+    others = _others(plan.get("server_pid"))
     args = bench_args(plan)
     calibration = None
     if plan.get("calibration"):
@@ -205,23 +228,40 @@ def main(argv: list[str] | None = None) -> None:
     # work overlaps them, a sleep overshoots), so the first size read 1.2-1.8x for
     # 1.25x, and one correction from 3 noisy trials still left 1.26-1.50x.
     def measure(phase: str | None, stretch: float) -> dict[str, Any]:
-        return _round(server, args, phase, stretch, calibration, plan["calibration_runs"])
+        return _round(server, args, phase, stretch, calibration, plan["calibration_runs"], others)
 
     # The first round after the server idled reads apart from the next: a warm-up, not a reference.
     measure(None, 0.0)
+    # Rounds a neighbour ran beside size nothing (latency_gate): a loaded reference
+    # or trial read 2.6x for 1.25x. A clean round more while the reference had one.
+    limit = NeighbourLimit(**plan["neighbours"])
     sizing, stretch = [measure(None, 0.0)], {}
+    for _ in range(REFERENCE_RETRIES):
+        if kept_rounds(sizing[-1:], limit)[0]:
+            break
+        sizing.append(measure(None, 0.0))
+    reference = sizing[-1]
     for phase, factor in plan["factors"].items():
         key = FIGURES[METRIC_OF_PHASE[phase]][0]
-        stretch[phase] = stretch_for(factor, sizing[0][key], sizing[0]["forward"], phase)
+        stretch[phase] = stretch_for(factor, reference[key], reference["forward"], phase)
         for _ in range(CORRECTIONS):
             trial = [sizing[-1]]
             for _ in range(plan["sizing_rounds"]):
                 trial += [measure(phase, stretch[phase]), measure(None, 0.0)]
-            achieved = statistics.median(neighbour_ratios([r[key] for r in trial], range(1, len(trial), 2)))
+            sizing += trial[1:]
+            ratios = neighbour_ratios([r[key] for r in trial], range(1, len(trial), 2), kept_rounds(trial, limit))
+            if not ratios:
+                continue
+            achieved = statistics.median(ratios)
             scale = (factor - 1) / (achieved - 1) if achieved > 1 else 3.0
             stretch[phase] *= min(max(scale, 0.5), 3.0)
-            sizing += trial[1:]
     rounds = [measure(phase, stretch[phase] if phase else 0.0) for phase in plan["sequence"]]
+    # While fewer than the plan's case rounds can be read, a case and a clean round more.
+    case = plan["sequence"][1]
+    for _ in range(plan["extra_case_rounds"]):
+        if usable_case_rounds(rounds, limit) >= plan["case_rounds"]:
+            break
+        rounds += [measure(case, stretch[case] if case else 0.0), measure(None, 0.0)]
     print(f"{RESULT_LINE} {json.dumps({'sizing': sizing, 'stretch': stretch, 'rounds': rounds})}", flush=True)
 
 
