@@ -10,9 +10,9 @@ error of a median of as many ratios as the case has. The case fails where its
 slowdown is over 1 + max(slack, noise_k x noise), the throughput gate's rule.
 
 A load that comes and goes in step with the rounds falls on one kind more than
-the other (measured: a 5 s on/off load and 2.5 s rounds slowed every other
-round), and one round it falls on hard (TPOT 5x) widens the noise past any
-slowdown. So a round beside which the host ran something else for more than
+the other (measured: a load 5 s on, 5 s off fell on rounds 3, 7, 11 and 19 of
+one run, all case rounds), and one round it falls on hard (TPOT 2.5-7x) widens
+the noise past any slowdown. So a round beside which the host ran something else for more than
 NeighbourLimit's share of a CPU is left out, and each kept round is taken over
 the nearest kept rounds of the other kind. (Not the wait for a CPU, as the
 throughput gate reads: a server and its client fill 2 cores and wait for each
@@ -104,7 +104,7 @@ def judge(rounds: Sequence[Mapping[str, Any]], gated: Mapping[str, str], reporte
     the rounds' key) decide the verdict, `reported` are judged the same way and
     only shown; rounds with a neighbour past `limit` are left out, and HostBusy where
     fewer than its share of the case rounds give a ratio. Returns {verdict,
-    figures: {name: judge_figure + gated}, failed: [names], left_out: {round: wait share}}."""
+    figures: {name: judge_figure + gated}, failed: [names], left_out: {round: neighbour share}}."""
     cases, cleans = alternating_indices([r["phase"] for r in rounds])
     kept = kept_rounds(rounds, limit)
     usable = usable_case_rounds(rounds, limit)
