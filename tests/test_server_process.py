@@ -9,12 +9,15 @@ import os
 import socket
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
-from npu_conformance.engines.server import HOST, ServerBootError, ServerProcess, free_port, group_members, started_groups
+from npu_conformance.engines.server import (HOST, ServerBootError, ServerProcess, free_port, group_members,
+                                           others_paused, started_groups)
 
 pytestmark = pytest.mark.unit
 
@@ -75,3 +78,33 @@ def test_stop_ends_the_whole_group(tmp_path: Path) -> None:
     assert ready.exists() and len(group_members(pgid)) == 3  # the guard, the server and its helper
     server.stop(grace_s=1.0)
     assert not group_members(pgid)
+
+
+def test_others_paused_holds_the_other_servers_and_continues_them(tmp_path: Path) -> None:
+    """The timed server runs, every other is held (its guard not: it must still
+    kill its group when the test process dies), and continued after; a held
+    server still stops."""
+    (tmp_path / "health").write_text("ok")
+    timed, other, third = (ServerProcess(_http_server(tmp_path), os.environ, tmp_path / f"log{i}", boot_timeout_s=30)
+                           for i in range(3))
+    with timed, other, third:
+        def held(server: ServerProcess, expected: bool) -> bool:
+            """Whether every process of the server's group but its guard is stopped,
+            waiting a while for `expected` (a signal lands when the process is next scheduled)."""
+            deadline = time.monotonic() + 10
+            while True:
+                stopped = {m.status() for m in group_members(server.pid) if m.pid != server.pid} == {
+                    psutil.STATUS_STOPPED}
+                if stopped == expected or time.monotonic() > deadline:
+                    return stopped
+                time.sleep(0.05)
+
+        with others_paused(timed) as groups:
+            assert sorted(groups) == sorted([other.pid, third.pid])
+            assert held(other, True) and held(third, True)
+            assert psutil.Process(other.pid).status() != psutil.STATUS_STOPPED  # the guard
+            assert timed.healthy() and not held(timed, False)
+            pgid = third.pid
+            third.stop(grace_s=5.0)
+            assert not group_members(pgid)
+        assert not held(other, False) and other.healthy()
