@@ -288,7 +288,8 @@ def test_gate_leaves_out_rounds_a_switching_load_fell_on(perf_spec: PerfSpec, ca
               "on-rounds flagged": flagged[True] >= settings["min_flagged_on"],
               "off-rounds kept": flagged[False] <= settings["max_flagged_off"],
               "gate's figure unmoved": abs(gated_shift - 1) <= perf_spec.slack,
-              "recorded baseline": gate is None or gate.verdict == "pass"}
+              # "measured": no recorded run near this host's speed, so none gates it (perf.judge says why).
+              "recorded baseline": gate is None or gate.verdict != "fail"}
     perf_report.add_case(request.node.nodeid, {
         "card": card.base_name, "mode": perf.engine_mode(card, platform.name), "batch_size": batch,
         "load": described, "rounds": counts,
