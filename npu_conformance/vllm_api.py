@@ -12,11 +12,15 @@ unit tests and the workflow's plan job must not pay.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.metadata
+import os
 import re
-from typing import Any, Callable, ContextManager
+import shutil
+import tempfile
+from typing import Any, Callable, ContextManager, Iterator
 from unittest import mock
 
 # name -> the vLLM module it is imported from.
@@ -107,6 +111,29 @@ def forget_environment() -> None:
     reset = getattr(importlib.import_module("vllm.envs"), "disable_envs_cache", None)
     if reset is not None:  # a vLLM without the cache has nothing to drop
         reset()
+
+
+# Where vLLM puts the ZMQ IPC socket files between its front end and engine core
+# (default: the system temp dir). An engine whose processes end by signal, as a
+# stopped server's do, leaves them there: measured, 3 files per server, ~60 per make test.
+RPC_PATH_ENV = "VLLM_RPC_BASE_PATH"
+
+
+@contextlib.contextmanager
+def private_rpc_dir() -> Iterator[str | None]:
+    """Every vLLM engine started inside (in this process or a child) puts its IPC
+    sockets in a fresh directory, removed on leaving with whatever they left. A
+    path the user set is kept (yields None)."""
+    if os.environ.get(RPC_PATH_ENV):
+        yield None
+        return
+    folder = tempfile.mkdtemp(prefix="npu-conformance-rpc-")
+    os.environ[RPC_PATH_ENV] = folder
+    try:
+        yield folder
+    finally:
+        os.environ.pop(RPC_PATH_ENV, None)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def cleanup_distributed() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
 import re
 import shutil
 import subprocess
@@ -222,3 +223,27 @@ def test_a_removed_symbol_fails_the_check(pinned_source: Source, tmp_path: Path,
 def test_a_keyword_is_passed_only_where_vllm_takes_it() -> None:
     assert "quantization" not in vllm_api.keywords("choose_scaled_mm_linear_kernel", (0, 29, 0))
     assert "quantization" in vllm_api.keywords("choose_scaled_mm_linear_kernel", (0, 30, 0))
+
+
+def test_private_rpc_dir_takes_what_engines_leave_and_keeps_a_users_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+    monkeypatch.delenv(vllm_api.RPC_PATH_ENV, raising=False)
+    with vllm_api.private_rpc_dir() as folder:
+        assert folder and os.environ[vllm_api.RPC_PATH_ENV] == folder
+        # What a signalled engine leaves: a bound unix socket's file.
+        left = socket.socket(socket.AF_UNIX)
+        left.bind(os.path.join(folder, "engine-core-input"))
+        left.close()
+        assert os.listdir(folder)
+    assert not os.path.exists(folder) and vllm_api.RPC_PATH_ENV not in os.environ
+    monkeypatch.setenv(vllm_api.RPC_PATH_ENV, "/users/own")
+    with vllm_api.private_rpc_dir() as folder:
+        assert folder is None and os.environ[vllm_api.RPC_PATH_ENV] == "/users/own"
+    assert os.environ[vllm_api.RPC_PATH_ENV] == "/users/own"
+
+
+def test_the_session_gives_vllm_a_private_rpc_dir() -> None:
+    """fixtures.target holds one for the run (unless the user set the variable): a
+    stopped server's sockets go there and with it, not into /tmp for good."""
+    path = os.environ.get(vllm_api.RPC_PATH_ENV, "")
+    assert os.path.isdir(path), f"{vllm_api.RPC_PATH_ENV}={path!r}"
