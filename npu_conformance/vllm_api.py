@@ -18,7 +18,6 @@ import importlib
 import importlib.metadata
 import os
 import re
-import shutil
 import tempfile
 from typing import Any, Callable, ContextManager, Iterator
 from unittest import mock
@@ -127,13 +126,12 @@ def private_rpc_dir() -> Iterator[str | None]:
     if os.environ.get(RPC_PATH_ENV):
         yield None
         return
-    folder = tempfile.mkdtemp(prefix="npu-conformance-rpc-")
-    os.environ[RPC_PATH_ENV] = folder
-    try:
-        yield folder
-    finally:
-        os.environ.pop(RPC_PATH_ENV, None)
-        shutil.rmtree(folder, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="npu-conformance-rpc-", ignore_cleanup_errors=True) as folder:
+        os.environ[RPC_PATH_ENV] = folder
+        try:
+            yield folder
+        finally:
+            os.environ.pop(RPC_PATH_ENV, None)
 
 
 def cleanup_distributed() -> None:

@@ -17,6 +17,7 @@ import functools
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tomllib
@@ -226,7 +227,6 @@ def test_a_keyword_is_passed_only_where_vllm_takes_it() -> None:
 
 
 def test_private_rpc_dir_takes_what_engines_leave_and_keeps_a_users_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    import socket
     monkeypatch.delenv(vllm_api.RPC_PATH_ENV, raising=False)
     with vllm_api.private_rpc_dir() as folder:
         assert folder and os.environ[vllm_api.RPC_PATH_ENV] == folder
